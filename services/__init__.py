@@ -1,0 +1,1 @@
+"""Tenure: a control plane for long-running autonomous agent runs, event-sourced on Kafka."""

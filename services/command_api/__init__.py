@@ -1,0 +1,1 @@
+"""The command API: HTTP in, commands out, views out. It decides nothing itself."""

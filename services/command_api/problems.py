@@ -1,0 +1,153 @@
+"""RFC 9457 problem details: every error the API returns says what went wrong, specifically.
+
+Each problem type is a relative URI under /problems/ that the API itself serves, so a client (or
+a person at 3 a.m.) can dereference the `type` of an error and read what it means.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+__all__ = [
+    "PROBLEM_TYPES",
+    "ApiProblem",
+    "problem_response",
+    "register_problem_handlers",
+]
+
+PROBLEM_JSON = "application/problem+json"
+
+
+@dataclass(frozen=True)
+class ProblemType:
+    slug: str
+    title: str
+    status: int
+    meaning: str
+
+
+PROBLEM_TYPES: dict[str, ProblemType] = {
+    p.slug: p
+    for p in (
+        ProblemType(
+            "validation-failed",
+            "The request is not valid",
+            422,
+            "A field is missing, has the wrong type or is out of range; see `errors`.",
+        ),
+        ProblemType(
+            "idempotency-key-required",
+            "Idempotency-Key header is required",
+            400,
+            "Submissions must carry an Idempotency-Key so retries never create a second run.",
+        ),
+        ProblemType(
+            "idempotency-key-conflict",
+            "Idempotency-Key reused with a different request",
+            409,
+            "The key already named a run with a different ExecutionSpec or tenant.",
+        ),
+        ProblemType("run-not-found", "Run not found", 404, "No run with this id exists."),
+        ProblemType(
+            "run-already-terminal",
+            "The run has already ended",
+            409,
+            "The run is succeeded, failed or cancelled; nothing can change it.",
+        ),
+        ProblemType(
+            "invalid-transition",
+            "The run cannot make this transition now",
+            409,
+            "The run's current status does not allow the command.",
+        ),
+        ProblemType(
+            "command-rejected",
+            "The command was rejected",
+            409,
+            "The coordinator refused the command; `code` says why.",
+        ),
+        ProblemType(
+            "invalid-cursor",
+            "The paging cursor is not valid",
+            400,
+            "Pass back the `nextCursor` of the previous page unchanged, with the same filter.",
+        ),
+        ProblemType(
+            "unauthenticated",
+            "Missing or unknown API key",
+            401,
+            "Send `Authorization: Bearer <api key>` with a key this deployment knows.",
+        ),
+        ProblemType("not-found", "No such resource", 404, "The path does not name a resource."),
+        ProblemType("method-not-allowed", "Method not allowed", 405, "The path exists; the method does not."),
+        ProblemType(
+            "unavailable",
+            "A dependency is unavailable",
+            503,
+            "Kafka or the run views are not reachable right now; retry later.",
+        ),
+        ProblemType("http-error", "HTTP error", 400, "A generic HTTP error."),
+    )
+}
+
+# The coordinator's rejection codes, mapped to the problem a caller should see.
+REJECTION_PROBLEMS = {
+    "RUN_NOT_FOUND": "run-not-found",
+    "RUN_ALREADY_TERMINAL": "run-already-terminal",
+    "INVALID_TRANSITION": "invalid-transition",
+    "IDEMPOTENCY_KEY_CONFLICT": "idempotency-key-conflict",
+    "INVALID_COMMAND": "validation-failed",
+}
+
+
+class ApiProblem(Exception):
+    def __init__(self, slug: str, detail: str, **extensions: Any) -> None:
+        super().__init__(detail)
+        self.slug = slug
+        self.detail = detail
+        self.extensions = extensions
+
+
+def problem_response(
+    slug: str, detail: str, instance: str | None = None, status: int | None = None, **extensions: Any
+) -> JSONResponse:
+    problem = PROBLEM_TYPES[slug]
+    body: dict[str, Any] = {
+        "type": f"/problems/{slug}",
+        "title": problem.title,
+        "status": status or problem.status,
+        "detail": detail,
+    }
+    if instance:
+        body["instance"] = instance
+    body.update(extensions)
+    return JSONResponse(body, status_code=body["status"], media_type=PROBLEM_JSON)
+
+
+def register_problem_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiProblem)
+    async def on_problem(request: Request, exc: ApiProblem) -> JSONResponse:
+        return problem_response(exc.slug, exc.detail, str(request.url.path), **exc.extensions)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {"location": list(e.get("loc", ())), "message": e.get("msg", ""), "type": e.get("type", "")}
+            for e in exc.errors()
+        ]
+        first = errors[0] if errors else {"location": [], "message": "invalid request"}
+        where = ".".join(str(p) for p in first["location"])
+        return problem_response(
+            "validation-failed", f"{where}: {first['message']}", str(request.url.path), errors=errors
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        slug = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
+        return problem_response(slug, str(exc.detail), str(request.url.path), status=exc.status_code)

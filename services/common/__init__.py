@@ -1,0 +1,1 @@
+"""Code shared by several Tenure services: contracts, ids, topics and the infrastructure adapters."""

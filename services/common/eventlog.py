@@ -1,0 +1,67 @@
+"""The event-log port processors write through, its Kafka implementation and an in-memory twin.
+
+`commit` is atomic: every record of the call is visible to readers or none is. `read` returns
+only committed records of one partition, from an offset to the end as of the call.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Iterator, Protocol, Sequence
+
+from services.common.kafka import InboundRecord, OutboundRecord, PartitionReader, TransactionalWriter
+
+__all__ = ["EventLog", "KafkaEventLog", "MemoryEventLog"]
+
+
+class EventLog(Protocol):
+    def commit(self, records: Sequence[OutboundRecord]) -> dict[tuple[str, int], int]: ...
+
+    def read(self, topic: str, partition: int, start_offset: int) -> Iterator[InboundRecord]: ...
+
+
+class KafkaEventLog:
+    def __init__(self, bootstrap_servers: str, transactional_id: str) -> None:
+        self._writer = TransactionalWriter(bootstrap_servers, transactional_id)
+        self._reader = PartitionReader(bootstrap_servers, client_id=f"{transactional_id}-restore")
+
+    def commit(self, records: Sequence[OutboundRecord]) -> dict[tuple[str, int], int]:
+        return self._writer.commit(records)
+
+    def read(self, topic: str, partition: int, start_offset: int) -> Iterator[InboundRecord]:
+        return self._reader.read(topic, partition, start_offset)
+
+    def close(self) -> None:
+        self._writer.close()
+        self._reader.close()
+
+
+class MemoryEventLog:
+    """A twin for unit tests: partitions are lists; a failing commit leaves nothing behind."""
+
+    def __init__(self, partitions: int = 4) -> None:
+        self._partitions = partitions
+        self.topics: dict[tuple[str, int], list[InboundRecord]] = {}
+        self.fail_next_commit = False
+
+    def commit(self, records: Sequence[OutboundRecord]) -> dict[tuple[str, int], int]:
+        if self.fail_next_commit:
+            self.fail_next_commit = False
+            raise ConnectionError("simulated broker failure during commit")
+        last: dict[tuple[str, int], int] = {}
+        for record in records:
+            partition = (
+                record.partition
+                if record.partition is not None
+                else zlib.crc32(record.key) % self._partitions
+            )
+            log = self.topics.setdefault((record.topic, partition), [])
+            offset = len(log)
+            log.append(
+                InboundRecord(record.topic, partition, offset, record.key, record.value, record.headers)
+            )
+            last[(record.topic, partition)] = offset
+        return last
+
+    def read(self, topic: str, partition: int, start_offset: int) -> Iterator[InboundRecord]:
+        yield from list(self.topics.get((topic, partition), []))[start_offset:]

@@ -1,0 +1,148 @@
+"""Readers over committed records: one partition up to its current end, or whole topics live.
+
+Both read with isolation.level=read_committed, so an aborted or still-open transaction is never
+seen, and neither joins a consumer group: the caller keeps its own offsets next to its state.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator, Literal, Mapping
+
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
+
+from services.common.kafka._config import base_config, normalise_headers
+from services.common.kafka._records import InboundRecord
+
+__all__ = ["PartitionReader", "TopicFollower"]
+
+StartAt = Literal["beginning", "end"] | Mapping[int, int]
+
+
+def _consumer(bootstrap_servers: str, client_id: str, eof: bool) -> Consumer:
+    config = base_config(bootstrap_servers, client_id)
+    config.pop("partitioner")
+    config.update(
+        {
+            # Never used for commits (we assign partitions by hand); librdkafka just wants one.
+            "group.id": f"{client_id}-unused",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "isolation.level": "read_committed",
+            "enable.partition.eof": eof,
+            "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": 50,
+        }
+    )
+    return Consumer(config)
+
+
+def _to_record(msg: object) -> InboundRecord:
+    m = msg  # confluent_kafka.Message has no public constructor; keep the translation here
+    return InboundRecord(
+        topic=str(m.topic()),  # type: ignore[attr-defined]
+        partition=int(m.partition()),  # type: ignore[attr-defined]
+        offset=int(m.offset()),  # type: ignore[attr-defined]
+        key=m.key(),  # type: ignore[attr-defined]
+        value=m.value() or b"",  # type: ignore[attr-defined]
+        headers=normalise_headers(m.headers()),  # type: ignore[attr-defined]
+        timestamp_ms=int(m.timestamp()[1]),  # type: ignore[attr-defined]
+    )
+
+
+class PartitionReader:
+    """Reads one partition from an offset to its end as of now (the last stable offset)."""
+
+    def __init__(self, bootstrap_servers: str, client_id: str = "tenure-partition-reader") -> None:
+        self._consumer = _consumer(bootstrap_servers, client_id, eof=True)
+
+    def read(
+        self, topic: str, partition: int, start_offset: int, timeout_s: float = 60.0
+    ) -> Iterator[InboundRecord]:
+        _, high = self._consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10.0)
+        if start_offset >= high:
+            return
+        self._consumer.assign([TopicPartition(topic, partition, start_offset)])
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline:
+                msg = self._consumer.poll(0.5)
+                if msg is None:
+                    continue
+                error = msg.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        return
+                    raise RuntimeError(f"reading {topic}[{partition}] failed: {error}")
+                yield _to_record(msg)
+            raise TimeoutError(f"{topic}[{partition}] was not read to its end in {timeout_s}s")
+        finally:
+            self._consumer.unassign()
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+class TopicFollower:
+    """Follows every partition of some topics from given offsets, the start, or the end."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topics: list[str],
+        start_at: StartAt = "beginning",
+        client_id: str = "tenure-follower",
+    ) -> None:
+        self._consumer = _consumer(bootstrap_servers, client_id, eof=False)
+        metadata = self._consumer.list_topics(timeout=10.0).topics
+        assignment: list[TopicPartition] = []
+        for topic in topics:
+            if topic not in metadata or metadata[topic].error is not None:
+                raise RuntimeError(f"topic {topic} does not exist; create the topics first")
+            for partition in sorted(metadata[topic].partitions):
+                assignment.append(TopicPartition(topic, partition, self._start(start_at, partition)))
+        self._consumer.assign(assignment)
+
+    @staticmethod
+    def _start(start_at: StartAt, partition: int) -> int:
+        if start_at == "beginning":
+            return OFFSET_BEGINNING
+        if start_at == "end":
+            return OFFSET_END
+        assert not isinstance(start_at, str)
+        next_offset = start_at.get(partition)
+        return OFFSET_BEGINNING if next_offset is None else next_offset
+
+    def poll(self, max_records: int = 500, timeout_s: float = 0.2) -> list[InboundRecord]:
+        messages = self._consumer.consume(max_records, timeout_s)
+        records: list[InboundRecord] = []
+        for msg in messages:
+            error = msg.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise RuntimeError(f"consuming failed: {error}")
+            records.append(_to_record(msg))
+        return records
+
+    def end_offsets(self, topic: str) -> dict[int, int]:
+        """{partition: offset of the next record to be written} right now."""
+        metadata = self._consumer.list_topics(topic, timeout=10.0).topics[topic]
+        return {
+            p: self._consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10.0)[1]
+            for p in metadata.partitions
+        }
+
+    def positions(self, topic: str) -> dict[int, int]:
+        """{partition: next offset this follower will return} (negative when not yet known)."""
+        assigned = [tp for tp in self._consumer.assignment() if tp.topic == topic]
+        return {tp.partition: tp.offset for tp in self._consumer.position(assigned)}
+
+    def offsets_for_time(self, topic: str, timestamp_ms: int) -> dict[int, int]:
+        metadata = self._consumer.list_topics(topic, timeout=10.0).topics[topic]
+        query = [TopicPartition(topic, p, timestamp_ms) for p in metadata.partitions]
+        found = self._consumer.offsets_for_times(query, timeout=10.0)
+        return {tp.partition: tp.offset for tp in found}
+
+    def close(self) -> None:
+        self._consumer.close()

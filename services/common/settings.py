@@ -1,0 +1,39 @@
+"""Deployment settings, read from the environment (TENURE_* and KAFKA_BOOTSTRAP_SERVERS)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["TenureSettings", "repo_root"]
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+class TenureSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TENURE_", extra="ignore")
+
+    kafka_bootstrap_servers: str | None = Field(
+        default=None,
+        validation_alias="KAFKA_BOOTSTRAP_SERVERS",
+        description="Kafka to use; when unset, the broker started by `tenure broker start`.",
+    )
+    state_dir: Path = Field(default_factory=lambda: repo_root() / ".tenure")
+    instance_id: str = Field(default="0", description="Stable per process: static group membership.")
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+    decision_timeout_s: float = Field(default=5.0, gt=0, le=60)
+    session_timeout_s: float = Field(default=10.0, ge=6, le=300)
+    log_level: str = "INFO"
+    framework_log_level: str = Field(default="WARNING", description="Log level of faust itself.")
+
+    def bootstrap_servers(self) -> str:
+        if self.kafka_bootstrap_servers:
+            return self.kafka_bootstrap_servers
+        from services.common.broker import resolve_bootstrap
+
+        return resolve_bootstrap()

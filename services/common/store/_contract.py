@@ -1,0 +1,31 @@
+"""The store contract both implementations honour (see tests/contract/test_store_contract.py)."""
+
+from __future__ import annotations
+
+from typing import Iterator, Mapping, Protocol
+
+__all__ = ["KeyValueStore", "StoreReadOnly"]
+
+
+class StoreReadOnly(Exception):
+    """A write was attempted through a read-only (secondary) view of a store."""
+
+
+class KeyValueStore(Protocol):
+    def get(self, key: str) -> bytes | None: ...
+
+    def write(self, puts: Mapping[str, bytes], deletes: tuple[str, ...] = ()) -> None:
+        """Apply all puts and deletes atomically: after a crash either all or none are visible."""
+        ...
+
+    def scan(self, prefix: str, start_after: str | None = None) -> Iterator[tuple[str, bytes]]:
+        """Every (key, value) whose key starts with `prefix`, in key order, after `start_after`."""
+        ...
+
+    def clear(self) -> None: ...
+
+    def refresh(self) -> None:
+        """Make a read-only view see the writer's latest data (no-op for the writer)."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,42 @@
+"""The in-memory twin of the store, for pure unit tests."""
+
+from __future__ import annotations
+
+from typing import Iterator, Mapping
+
+__all__ = ["MemoryStore"]
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self._data: dict[str, bytes] = {}
+
+    def get(self, key: str) -> bytes | None:
+        return self._data.get(key)
+
+    def write(self, puts: Mapping[str, bytes], deletes: tuple[str, ...] = ()) -> None:
+        # Refuse what RocksDB refuses, so a forgotten .encode() fails in unit tests too.
+        for key in (*puts, *deletes):
+            key.encode("utf-8")
+        for key, value in puts.items():
+            if not isinstance(value, bytes):
+                raise ValueError(f"value of {key!r} must be bytes, not {type(value).__name__}")
+        staged = dict(self._data)
+        staged.update(puts)
+        for key in deletes:
+            staged.pop(key, None)
+        self._data = staged
+
+    def scan(self, prefix: str, start_after: str | None = None) -> Iterator[tuple[str, bytes]]:
+        for key in sorted(self._data):
+            if key.startswith(prefix) and (start_after is None or key > start_after):
+                yield key, self._data[key]
+
+    def clear(self) -> None:
+        self._data = {}
+
+    def refresh(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None

@@ -1,0 +1,65 @@
+"""The topic catalog: every topic Tenure reads or writes, with its settings chosen on purpose.
+
+Nothing relies on broker auto-creation (the bundled broker runs with it switched off). Commands
+and events of an aggregate are co-partitioned (same partition count, same key), so the processor
+that owns partition N of the commands owns partition N of the events and can rebuild its state
+from exactly that partition.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+__all__ = [
+    "DEADLETTER",
+    "RUNS_COMMANDS",
+    "RUNS_EVENTS",
+    "RUNS_REJECTIONS",
+    "TOPICS",
+    "TopicSpec",
+]
+
+_FOREVER = "-1"
+_SEVEN_DAYS_MS = str(7 * 24 * 3600 * 1000)
+_THIRTY_DAYS_MS = str(30 * 24 * 3600 * 1000)
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    config: Mapping[str, str] = field(default_factory=dict)
+    purpose: str = ""
+
+
+RUNS_COMMANDS = TopicSpec(
+    name="runs.commands",
+    partitions=4,
+    # Commands are requests, not the record: once decided, their effect lives in runs.events.
+    config={"cleanup.policy": "delete", "retention.ms": _SEVEN_DAYS_MS},
+    purpose="Commands for the Run aggregate, keyed by runId.",
+)
+RUNS_EVENTS = TopicSpec(
+    name="runs.events",
+    partitions=RUNS_COMMANDS.partitions,
+    # The system of record: never compacted (every version matters), never expired.
+    config={"cleanup.policy": "delete", "retention.ms": _FOREVER, "retention.bytes": "-1"},
+    purpose="Facts about Runs, keyed by runId, co-partitioned with runs.commands.",
+)
+RUNS_REJECTIONS = TopicSpec(
+    name="runs.rejections",
+    partitions=RUNS_COMMANDS.partitions,
+    # A rejection changes no aggregate; it only answers the caller and feeds audits.
+    config={"cleanup.policy": "delete", "retention.ms": _THIRTY_DAYS_MS},
+    purpose="Commands the Run processor refused, with a specific code, keyed by runId.",
+)
+DEADLETTER = TopicSpec(
+    name="tenure.deadletter",
+    partitions=1,
+    # Kept until an operator has looked: an undecodable record is evidence.
+    config={"cleanup.policy": "delete", "retention.ms": _FOREVER},
+    purpose="Undecodable records with the reason and source topic/partition/offset in headers.",
+)
+
+TOPICS: tuple[TopicSpec, ...] = (RUNS_COMMANDS, RUNS_EVENTS, RUNS_REJECTIONS, DEADLETTER)

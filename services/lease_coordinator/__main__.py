@@ -1,0 +1,46 @@
+"""`python -m services.lease_coordinator`: the Run command processor as a faust worker."""
+
+from __future__ import annotations
+
+from services.common.clock import SystemClock
+from services.common.eventlog import KafkaEventLog
+from services.common.logs import configure_logging
+from services.common.messages import MessageCodec
+from services.common.settings import TenureSettings
+from services.common.store import RocksStore
+from services.common.streams import CommandStream, StreamSettings
+from services.common.topics import RUNS_COMMANDS
+from services.lease_coordinator.processor import RunCommandProcessor
+
+APP_ID = "tenure-lease-coordinator"
+
+
+def main() -> None:
+    settings = TenureSettings()
+    configure_logging(settings.log_level, service=APP_ID)
+    bootstrap = settings.bootstrap_servers()
+    home = settings.state_dir / f"lease_coordinator-{settings.instance_id}"
+    store = RocksStore(home / "runs")
+    # Initialising the transactional writer fences a previous incarnation before any restore.
+    event_log = KafkaEventLog(bootstrap, transactional_id=f"{APP_ID}-{settings.instance_id}")
+    processor = RunCommandProcessor(event_log, store, MessageCodec(), SystemClock())
+    stream = CommandStream(
+        StreamSettings(
+            app_id=APP_ID,
+            bootstrap_servers=bootstrap,
+            topic=RUNS_COMMANDS.name,
+            partitions=RUNS_COMMANDS.partitions,
+            instance_id=settings.instance_id,
+            data_dir=home / "faust",
+            session_timeout_s=settings.session_timeout_s,
+            framework_log_level=settings.framework_log_level,
+        ),
+        handler=processor.handle,
+        on_revoked=processor.forget_assignment,
+        on_assigned=processor.restore_partitions,
+    )
+    stream.run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,267 @@
+"""The Run aggregate: `decide` turns a command into events or a rejection, `evolve` folds events.
+
+Both are pure. `now_ms` is the coordinator's clock, read once by the adapter and passed in; every
+id is derived from the command that caused it, so deciding the same command on the same state
+twice gives identical events (the basis of crash-safe redelivery).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Iterable, Union
+
+from services.common.contracts import (
+    CancelRun,
+    CommandRejected,
+    RunCancelled,
+    RunCommand,
+    RunEvent,
+    RunSubmitted,
+    SubmitRun,
+)
+from services.common.ids import canonical_json, derived_id, run_id_for, sha256_digest
+from services.common.sequencing import Sequencing, sequence
+from services.lease_coordinator.domain.lifecycle import (
+    TERMINAL_STATUSES,
+    RunStatus,
+    check_transition,
+)
+
+__all__ = [
+    "MAX_ATTEMPTS_LIMIT",
+    "MAX_TIMEOUT_SECONDS",
+    "Decision",
+    "Rejection",
+    "RejectionCode",
+    "RunState",
+    "decide",
+    "evolve",
+    "fold",
+    "rejection_event",
+]
+
+MAX_ATTEMPTS_LIMIT = 10
+MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
+
+
+class RejectionCode(StrEnum):
+    INVALID_COMMAND = "INVALID_COMMAND"
+    RUN_ID_MISMATCH = "RUN_ID_MISMATCH"
+    IDEMPOTENCY_KEY_CONFLICT = "IDEMPOTENCY_KEY_CONFLICT"
+    RUN_NOT_FOUND = "RUN_NOT_FOUND"
+    RUN_ALREADY_TERMINAL = "RUN_ALREADY_TERMINAL"
+    INVALID_TRANSITION = "INVALID_TRANSITION"
+
+
+@dataclass(frozen=True)
+class Rejection:
+    code: RejectionCode
+    detail: str
+
+
+Decision = Union[tuple[RunEvent, ...], Rejection]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunState:
+    run_id: str
+    version: int
+    status: RunStatus
+    tenant: str
+    idempotency_key: str
+    execution_spec: str
+    spec_digest: str
+    retry_safe: bool
+    timeout_seconds: int
+    max_attempts: int
+    submitted_at: int
+    # The queue place and budget reserved at submission (EXE-2); None once released.
+    queue_reservation_id: str | None
+    # Commands already decided for this run: a redelivered command yields no new events.
+    handled_commands: frozenset[str] = field(default_factory=frozenset)
+
+
+# --- decide -----------------------------------------------------------------------------------
+
+
+def decide(state: RunState | None, command: RunCommand, now_ms: int) -> Decision:
+    if state is not None and command.command_id in state.handled_commands:
+        return ()
+    if isinstance(command, SubmitRun):
+        return _decide_submit(state, command, now_ms)
+    if isinstance(command, CancelRun):
+        return _decide_cancel(state, command, now_ms)
+    raise TypeError(f"not a Run command: {command!r}")
+
+
+def _submit_problem(command: SubmitRun) -> Rejection | None:
+    if not command.tenant.strip():
+        return Rejection(RejectionCode.INVALID_COMMAND, "tenant must not be empty")
+    if not command.idempotency_key.strip():
+        return Rejection(RejectionCode.INVALID_COMMAND, "idempotencyKey must not be empty")
+    if command.run_id != run_id_for(command.tenant, command.idempotency_key):
+        return Rejection(
+            RejectionCode.RUN_ID_MISMATCH,
+            "runId must be derived from tenant and idempotencyKey "
+            f"(expected {run_id_for(command.tenant, command.idempotency_key)})",
+        )
+    if not 1 <= command.timeout_seconds <= MAX_TIMEOUT_SECONDS:
+        return Rejection(
+            RejectionCode.INVALID_COMMAND,
+            f"timeoutSeconds must be between 1 and {MAX_TIMEOUT_SECONDS}, got {command.timeout_seconds}",
+        )
+    if not 1 <= command.max_attempts <= MAX_ATTEMPTS_LIMIT:
+        return Rejection(
+            RejectionCode.INVALID_COMMAND,
+            f"maxAttempts must be between 1 and {MAX_ATTEMPTS_LIMIT}, got {command.max_attempts}",
+        )
+    try:
+        spec = json.loads(command.execution_spec, parse_constant=_refuse_non_json_number)
+    except ValueError as exc:
+        return Rejection(RejectionCode.INVALID_COMMAND, f"executionSpec is not JSON: {exc}")
+    if not isinstance(spec, dict):
+        return Rejection(RejectionCode.INVALID_COMMAND, "executionSpec must be a JSON object")
+    return None
+
+
+def _refuse_non_json_number(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _decide_submit(state: RunState | None, command: SubmitRun, now_ms: int) -> Decision:
+    problem = _submit_problem(command)
+    if problem is not None:
+        return problem
+    spec_text = canonical_json(json.loads(command.execution_spec))
+    digest = sha256_digest(spec_text)
+    if state is not None:
+        if state.spec_digest == digest and state.tenant == command.tenant:
+            return ()  # the same submission again: same run, nothing new happens
+        return Rejection(
+            RejectionCode.IDEMPOTENCY_KEY_CONFLICT,
+            f"idempotency key {command.idempotency_key!r} already submitted run {state.run_id} "
+            f"with spec {state.spec_digest}; this request has spec {digest}",
+        )
+    return (
+        RunSubmitted(
+            event_id=derived_id("evt", command.command_id, "RunSubmitted"),
+            run_id=command.run_id,
+            version=1,
+            occurred_at=now_ms,
+            causation_id=command.command_id,
+            correlation_id=command.correlation_id,
+            actor=command.actor,
+            tenant=command.tenant,
+            idempotency_key=command.idempotency_key,
+            execution_spec=spec_text,
+            spec_digest=digest,
+            retry_safe=command.retry_safe,
+            timeout_seconds=command.timeout_seconds,
+            max_attempts=command.max_attempts,
+            queue_reservation_id=derived_id("rsv", command.run_id, "queue"),
+        ),
+    )
+
+
+def _decide_cancel(state: RunState | None, command: CancelRun, now_ms: int) -> Decision:
+    if state is None:
+        return Rejection(RejectionCode.RUN_NOT_FOUND, f"run {command.run_id} does not exist")
+    if state.status in TERMINAL_STATUSES:
+        return Rejection(
+            RejectionCode.RUN_ALREADY_TERMINAL,
+            f"run {state.run_id} already ended as {state.status.value}",
+        )
+    if state.status is not RunStatus.QUEUED:
+        # EXE-7: cancelling a run that holds a lease needs the runner's confirmation, which the
+        # lease protocol carries; until then only queued runs can be cancelled.
+        return Rejection(
+            RejectionCode.INVALID_TRANSITION,
+            f"run {state.run_id} is {state.status.value}; only a queued run can be cancelled at once",
+        )
+    return (
+        RunCancelled(
+            event_id=derived_id("evt", command.command_id, "RunCancelled"),
+            run_id=state.run_id,
+            version=state.version + 1,
+            occurred_at=now_ms,
+            causation_id=command.command_id,
+            correlation_id=command.correlation_id,
+            actor=command.actor,
+            reason=command.reason,
+            previous_status=state.status.value,
+            reservation_released=state.queue_reservation_id is not None,
+        ),
+    )
+
+
+def rejection_event(
+    state: RunState | None, command: RunCommand, rejection: Rejection, now_ms: int
+) -> CommandRejected:
+    """The fact that a command was refused, addressed to whoever sent it."""
+    return CommandRejected(
+        event_id=derived_id("rej", command.command_id),
+        run_id=command.run_id,
+        occurred_at=now_ms,
+        causation_id=command.command_id,
+        correlation_id=command.correlation_id,
+        actor=command.actor,
+        command_type=type(command).__name__,
+        code=rejection.code.value,
+        detail=rejection.detail,
+        current_status=state.status.value if state is not None else None,
+        current_version=state.version if state is not None else 0,
+    )
+
+
+# --- evolve -----------------------------------------------------------------------------------
+
+
+def evolve(state: RunState | None, event: RunEvent) -> RunState:
+    """The state after `event`. Duplicates are the caller's to drop; a gap raises VersionGap."""
+    current = state.version if state is not None else 0
+    if sequence(event.run_id, current, event.version) is Sequencing.DUPLICATE:
+        raise ValueError(
+            f"event {event.event_id} (version {event.version}) is already applied to run "
+            f"{event.run_id} at version {current}"
+        )
+    if isinstance(event, RunSubmitted):
+        if state is not None:
+            raise ValueError(f"run {event.run_id} was already submitted")
+        return RunState(
+            run_id=event.run_id,
+            version=event.version,
+            status=RunStatus.QUEUED,
+            tenant=event.tenant,
+            idempotency_key=event.idempotency_key,
+            execution_spec=event.execution_spec,
+            spec_digest=event.spec_digest,
+            retry_safe=event.retry_safe,
+            timeout_seconds=event.timeout_seconds,
+            max_attempts=event.max_attempts,
+            submitted_at=event.occurred_at,
+            queue_reservation_id=event.queue_reservation_id,
+            handled_commands=frozenset({event.causation_id}),
+        )
+    if state is None:
+        raise ValueError(f"event {event.event_id} refers to run {event.run_id} before it exists")
+    if event.run_id != state.run_id:
+        raise ValueError(f"event {event.event_id} of run {event.run_id} applied to run {state.run_id}")
+    if isinstance(event, RunCancelled):
+        return dataclasses.replace(
+            state,
+            version=event.version,
+            status=check_transition(state.status, RunStatus.CANCELLED),
+            queue_reservation_id=None if event.reservation_released else state.queue_reservation_id,
+            handled_commands=state.handled_commands | {event.causation_id},
+        )
+    raise TypeError(f"not a Run event: {event!r}")
+
+
+def fold(events: Iterable[RunEvent], state: RunState | None = None) -> RunState | None:
+    """Replay: the state that a sequence of one run's events produces."""
+    for event in events:
+        state = evolve(state, event)
+    return state

@@ -1,0 +1,48 @@
+"""`python -m services.projections [follow|rebuild]`: the Run view projector."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+
+from services.common.logs import configure_logging
+from services.common.messages import MessageCodec
+from services.common.settings import TenureSettings
+from services.common.store import RocksStore
+from services.projections.service import follow, rebuild, views_path
+from services.projections.store import RunViewStore
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m services.projections")
+    parser.add_argument("command", nargs="?", default="follow", choices=["follow", "rebuild"])
+    args = parser.parse_args(argv)
+    settings = TenureSettings()
+    configure_logging(settings.log_level, service="tenure-projections")
+    bootstrap = settings.bootstrap_servers()
+    path = views_path(settings.state_dir)
+    if args.command == "rebuild":
+        from tqdm import tqdm
+
+        bar = tqdm(unit="event", desc="rebuilding run views")
+
+        def progress(seen: int, total: int) -> None:
+            bar.total = total
+            bar.n = seen
+            bar.refresh()
+
+        report = rebuild(bootstrap, RunViewStore(RocksStore(path), MessageCodec()), progress)
+        bar.close()
+        print(f"rebuilt {report.runs} run views from {report.events} events in {report.seconds:.2f}s")
+        return 0
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    follow(bootstrap, path, stop)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

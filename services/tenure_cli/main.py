@@ -1,0 +1,62 @@
+"""`tenure`: up, broker, topics, tail, replay, rebuild."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from services.tenure_cli import supervisor, topic_tools
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tenure", description="Tenure control plane")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="start broker (if none configured), topics, services and API")
+    up.add_argument("--port", type=int, default=None, help="API port (default TENURE_API_PORT or 8000)")
+    up.set_defaults(func=supervisor.up)
+
+    broker = sub.add_parser("broker", help="the bundled Kafka broker (fetch/start/stop/status/run)")
+    broker.add_argument("action", choices=["fetch", "start", "stop", "status", "run"])
+    broker.set_defaults(func=supervisor.broker)
+
+    topics = sub.add_parser("topics", help="create or list Tenure's topics")
+    topics.add_argument("action", choices=["create", "list"])
+    topics.set_defaults(func=supervisor.topics)
+
+    tail = sub.add_parser("tail", help="decode and pretty-print records as they arrive")
+    tail.add_argument("topics", nargs="*", default=None, help="topics (default: run events + rejections)")
+    tail.add_argument("--run", dest="run_id", help="only this run id")
+    tail.add_argument("--type", dest="types", action="append", help="only this record type (repeatable)")
+    tail.add_argument("--from-beginning", action="store_true", help="start at offset 0, not at the end")
+    tail.add_argument("--json", action="store_true", help="one JSON object per line")
+    tail.add_argument("--max", type=int, default=None, help="stop after this many records")
+    tail.add_argument("--idle-exit", type=float, default=None, help="stop after this many idle seconds")
+    tail.set_defaults(func=topic_tools.tail)
+
+    replay = sub.add_parser("replay", help="write events to JSON Lines for analysts")
+    replay.add_argument("--topic", default=None, help="topic (default runs.events)")
+    start = replay.add_mutually_exclusive_group()
+    start.add_argument(
+        "--from-offset", type=int, default=None, help="start at this offset in every partition"
+    )
+    start.add_argument("--from-time", default=None, help="start at this ISO-8601 time or epoch millis")
+    replay.add_argument("--output", "-o", default="-", help="file to write (default stdout)")
+    replay.set_defaults(func=topic_tools.replay)
+
+    rebuild = sub.add_parser("rebuild", help="rebuild the Run views from offset 0 (projections stopped)")
+    rebuild.set_defaults(func=supervisor.rebuild)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # the CLI's last line: a clear message, not a traceback
+        print(f"tenure {args.command}: {exc}", file=sys.stderr)
+        return 1

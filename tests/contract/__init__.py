@@ -1,0 +1,1 @@
+"""Contract suites: one set of tests every implementation of a port must pass."""

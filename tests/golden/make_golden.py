@@ -1,0 +1,134 @@
+"""Writes golden single-object samples for every schema version; run by hand, never by tests.
+
+    python tests/golden/make_golden.py
+
+For each `<RecordName>.v<N>.avsc` under schemas/ it writes `<RecordName>.v<N>.bin` (the bytes
+that version's writer produces) and `<RecordName>.v<N>.json` (what was written), from the fixed
+values below. JSON keys keep the written order: Avro writes map entries in insertion order, so
+the .json must replay that order to re-encode the same bytes. Existing goldens are never
+rewritten: they pin what is already on the log, and test_schema_evolution.py must keep
+decoding them forever. Adding a schema version means adding its sample here and running this
+script once; to replace a golden, delete it on purpose first.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+GOLDEN_DIR = Path(__file__).resolve().parent
+REPO_ROOT = GOLDEN_DIR.parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from services.common.avro import SchemaRegistry  # noqa: E402  (needs the sys.path line above)
+
+_SPEC = '{"entrypoint":"agent run","image":"registry.local/agent@sha256:0f0e","resources":{"cpu":2}}'
+_COMMAND = {
+    "commandId": "cmd-7f3a9c",
+    "runId": "run-0001",
+    "issuedAt": 1_767_225_600_123,  # 2026-01-01T00:00:00.123Z
+    "correlationId": "corr-42",
+    "actor": "user:alice@example.org",
+}
+_EVENT = {
+    "runId": "run-0001",
+    "occurredAt": 1_767_225_600_456,
+    "correlationId": "corr-42",
+    "actor": "user:alice@example.org",
+}
+_RUN_SUBMITTED_V1 = {
+    **_EVENT,
+    "eventId": "evt-submitted-1",
+    "version": 1,
+    "causationId": "cmd-7f3a9c",
+    "tenant": "acme",
+    "idempotencyKey": "idem-2026-01-01-é",
+    "executionSpec": _SPEC,
+    "specDigest": "sha256:5d41402abc4b2a76b9719d911017c592ae1b9b7a2b1c1f6a3f2d0b1c9e8f7a6b",
+    "retrySafe": True,
+    "timeoutSeconds": 3600,
+    "maxAttempts": 3,
+    "queueReservationId": "resv-9",
+}
+
+SAMPLES: dict[tuple[str, int], dict[str, Any]] = {
+    ("tenure.runs.commands.SubmitRun", 1): {
+        **_COMMAND,
+        "tenant": "acme",
+        "idempotencyKey": "idem-2026-01-01-é",
+        "executionSpec": _SPEC,
+        "retrySafe": True,
+        "timeoutSeconds": 3600,
+        "maxAttempts": 5,
+    },
+    ("tenure.runs.commands.CancelRun", 1): {
+        **_COMMAND,
+        "commandId": "cmd-cancel-1",
+        "reason": "отмена оператором ✓",
+    },
+    ("tenure.runs.events.RunSubmitted", 1): _RUN_SUBMITTED_V1,
+    ("tenure.runs.events.RunSubmitted", 2): {
+        **_RUN_SUBMITTED_V1,
+        "labels": {"team": "search", "priority": "high"},
+    },
+    ("tenure.runs.events.RunCancelled", 1): {
+        **_EVENT,
+        "eventId": "evt-cancelled-2",
+        "version": 2,
+        "causationId": "cmd-cancel-1",
+        "reason": "отмена оператором ✓",
+        "previousStatus": "queued",
+        "reservationReleased": True,
+    },
+    ("tenure.runs.rejections.CommandRejected", 1): {
+        **_EVENT,
+        "runId": "run-missing",
+        "eventId": "rej-1",
+        "causationId": "cmd-cancel-9",
+        "commandType": "CancelRun",
+        "code": "RUN_NOT_FOUND",
+        "detail": "no run with id run-missing",
+        "currentStatus": None,
+        "currentVersion": 0,
+    },
+}
+
+
+def main() -> int:
+    registry = SchemaRegistry.from_directory(REPO_ROOT / "schemas")
+    missing = [
+        f"{v.full_name} v{v.version}"
+        for name in registry.names()
+        for v in registry.versions(name)
+        if (v.full_name, v.version) not in SAMPLES
+    ]
+    if missing:
+        print("no sample values for: " + ", ".join(missing), file=sys.stderr)
+        return 1
+    for (full_name, version), record in sorted(SAMPLES.items()):
+        schema = registry.get(full_name, version)
+        stem = f"{full_name.rsplit('.', 1)[1]}.v{version}"
+        bin_path, json_path = GOLDEN_DIR / f"{stem}.bin", GOLDEN_DIR / f"{stem}.json"
+        if bin_path.exists() or json_path.exists():
+            print(f"kept    {bin_path.name} (goldens are never rewritten)")
+            continue
+        bin_path.write_bytes(registry.encode(full_name, record, version=version))
+        expectation = {
+            "schema": full_name,
+            "version": version,
+            "fingerprint": schema.fingerprint_hex,
+            # Schema field order reads best; it does not change the encoding of a record.
+            "record": {f["name"]: record[f["name"]] for f in schema.declared["fields"]},
+        }
+        json_path.write_text(
+            json.dumps(expectation, indent=2, ensure_ascii=False) + "\n",
+            encoding="utf-8",
+        )
+        print(f"wrote   {bin_path.name} + {json_path.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""Running Tenure's services as real OS processes in tests, so they can really be SIGKILLed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from services.common.contracts import CancelRun, SubmitRun
+from services.common.ids import canonical_json, command_id_for, run_id_for
+from services.common.kafka import InboundRecord, PartitionReader
+from services.common.messages import MessageCodec
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class ServiceProcess:
+    def __init__(self, name: str, module: str, env: dict[str, str], log_dir: Path) -> None:
+        self.name = name
+        self.module = module
+        self.env = env
+        self.log_path = log_dir / f"{name}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> ServiceProcess:
+        with open(self.log_path, "ab") as log:  # the child keeps its own copy of the descriptor
+            log.write(f"\n===== start #{self.starts + 1} =====\n".encode())
+            log.flush()
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", self.module],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.starts += 1
+        return self
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def sigkill(self) -> None:
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self, grace_s: float = 15.0) -> int | None:
+        if self.process is None or self.process.poll() is not None:
+            return None if self.process is None else self.process.returncode
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            return self.process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            return self.process.wait(10)
+
+    def log_tail(self, lines: int = 40) -> str:
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def service_env(bootstrap: str, state_dir: Path, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        KAFKA_BOOTSTRAP_SERVERS=bootstrap,
+        TENURE_STATE_DIR=str(state_dir),
+        PYTHONPATH=str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+        TENURE_LOG_LEVEL="INFO",
+    )
+    env.update(extra)
+    return env
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(poll_s)
+
+
+def read_topic(bootstrap: str, topic: str, partitions: int) -> list[InboundRecord]:
+    """Every committed record of `topic`, partition by partition, up to the end as of now."""
+    reader = PartitionReader(bootstrap, client_id="tenure-test-reader")
+    try:
+        return [r for p in range(partitions) for r in reader.read(topic, p, 0)]
+    finally:
+        reader.close()
+
+
+def decode_all(records: Iterator[InboundRecord] | list[InboundRecord]) -> list[Any]:
+    codec = MessageCodec()
+    return [codec.decode(r.value) for r in records]
+
+
+def submit_command(
+    tenant: str, key: str, spec: dict[str, Any] | None = None, actor: str = "tests"
+) -> SubmitRun:
+    run_id = run_id_for(tenant, key)
+    return SubmitRun(
+        command_id=command_id_for(run_id, "SubmitRun", key),
+        run_id=run_id,
+        issued_at=int(time.time() * 1000),
+        correlation_id=f"corr-{key}",
+        actor=actor,
+        tenant=tenant,
+        idempotency_key=key,
+        execution_spec=canonical_json(spec or {"agent": "test", "key": key}),
+        timeout_seconds=600,
+    )
+
+
+def cancel_command(run_id: str, key: str, reason: str = "test cancel") -> CancelRun:
+    return CancelRun(
+        command_id=command_id_for(run_id, "CancelRun", key),
+        run_id=run_id,
+        issued_at=int(time.time() * 1000),
+        correlation_id=f"corr-{key}",
+        actor="tests",
+        reason=reason,
+    )
+
+
+def wait_for_http(url: str, timeout_s: float = 30.0) -> None:
+    def ready() -> bool:
+        try:
+            return httpx.get(url, timeout=1.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(ready, timeout_s, f"{url} to answer")

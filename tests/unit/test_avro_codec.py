@@ -1,0 +1,577 @@
+"""The Avro single-object codec: fingerprints, wire format, round trips and failure codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.common.avro import (
+    SCHEMA_DIR_ENV,
+    SINGLE_OBJECT_MAGIC,
+    DecodeFailure,
+    SchemaFileError,
+    SchemaRegistry,
+    SchemaViolation,
+    UndecodableRecord,
+    UnknownSchema,
+    decode,
+    default_registry,
+    encode,
+    fingerprint_of,
+    headers_for,
+    parsing_canonical_form,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SUBMIT_RUN = "tenure.runs.commands.SubmitRun"
+CANCEL_RUN = "tenure.runs.commands.CancelRun"
+RUN_SUBMITTED = "tenure.runs.events.RunSubmitted"
+RUN_CANCELLED = "tenure.runs.events.RunCancelled"
+COMMAND_REJECTED = "tenure.runs.rejections.CommandRejected"
+
+# Apache Avro's published Parsing Canonical Form / CRC-64-AVRO reference cases, copied verbatim
+# from apache/avro share/test/data/schema-tests.txt (cases 000-033; the file notes that the Java
+# implementation cross-checks these fingerprints). Fingerprints there are Java signed longs;
+# None where the file gives a canonical form only.
+APACHE_SCHEMA_TESTS: list[tuple[str, str, str, int | None]] = [
+    ("000", '"null"', '"null"', 7195948357588979594),
+    ("001", '{"type":"null"}', '"null"', None),
+    ("002", '"boolean"', '"boolean"', -6970731678124411036),
+    ("003", '{"type":"boolean"}', '"boolean"', None),
+    ("004", '"int"', '"int"', 8247732601305521295),
+    ("005", '{"type":"int"}', '"int"', None),
+    ("006", '"long"', '"long"', -3434872931120570953),
+    ("007", '{"type":"long"}', '"long"', None),
+    ("008", '"float"', '"float"', 5583340709985441680),
+    ("009", '{"type":"float"}', '"float"', None),
+    ("010", '"double"', '"double"', -8181574048448539266),
+    ("011", '{"type":"double"}', '"double"', None),
+    ("012", '"bytes"', '"bytes"', 5746618253357095269),
+    ("013", '{"type":"bytes"}', '"bytes"', None),
+    ("014", '"string"', '"string"', -8142146995180207161),
+    ("015", '{"type":"string"}', '"string"', None),
+    ("016", "[  ]", "[]", -1241056759729112623),
+    ("017", '[ "int"  ]', '["int"]', -5232228896498058493),
+    ("018", '[ "int" , {"type":"boolean"} ]', '["int","boolean"]', 5392556393470105090),
+    (
+        "019",
+        '{"fields":[], "type":"record", "name":"foo"}',
+        '{"name":"foo","type":"record","fields":[]}',
+        -4824392279771201922,
+    ),
+    (
+        "020",
+        '{"fields":[], "type":"record", "name":"foo", "namespace":"x.y"}',
+        '{"name":"x.y.foo","type":"record","fields":[]}',
+        5916914534497305771,
+    ),
+    (
+        "021",
+        '{"fields":[], "type":"record", "name":"a.b.foo", "namespace":"x.y"}',
+        '{"name":"a.b.foo","type":"record","fields":[]}',
+        -4616218487480524110,
+    ),
+    (
+        "022",
+        '{"fields":[], "type":"record", "name":"foo", "doc":"Useful info"}',
+        '{"name":"foo","type":"record","fields":[]}',
+        -4824392279771201922,
+    ),
+    (
+        "023",
+        '{"fields":[], "type":"record", "name":"foo", "aliases":["foo","bar"]}',
+        '{"name":"foo","type":"record","fields":[]}',
+        -4824392279771201922,
+    ),
+    (
+        "024",
+        '{"fields":[], "type":"record", "name":"foo", "doc":"foo", "aliases":["foo","bar"]}',
+        '{"name":"foo","type":"record","fields":[]}',
+        -4824392279771201922,
+    ),
+    (
+        "025",
+        '{"fields":[{"type":{"type":"boolean"}, "name":"f1"}], "type":"record", "name":"foo"}',
+        '{"name":"foo","type":"record","fields":[{"name":"f1","type":"boolean"}]}',
+        7843277075252814651,
+    ),
+    (
+        "026",
+        (
+            '{ "fields":[{"type":"boolean", "aliases":[], "name":"f1", "default":"true"},\n'
+            '            {"order":"descending","name":"f2","doc":"Hello","type":"int"}],\n'
+            '  "type":"record", "name":"foo"\n}'
+        ),
+        (
+            '{"name":"foo","type":"record","fields":[{"name":"f1","type":"boolean"},'
+            '{"name":"f2","type":"int"}]}'
+        ),
+        -4860222112080293046,
+    ),
+    (
+        "027",
+        '{"type":"enum", "name":"foo", "symbols":["A1"]}',
+        '{"name":"foo","type":"enum","symbols":["A1"]}',
+        -6342190197741309591,
+    ),
+    (
+        "028",
+        '{"namespace":"x.y.z", "type":"enum", "name":"foo", "doc":"foo bar", "symbols":["A1", "A2"]}',
+        '{"name":"x.y.z.foo","type":"enum","symbols":["A1","A2"]}',
+        -4448647247586288245,
+    ),
+    (
+        "029",
+        '{"name":"foo","type":"fixed","size":15}',
+        '{"name":"foo","type":"fixed","size":15}',
+        1756455273707447556,
+    ),
+    (
+        "030",
+        '{"namespace":"x.y.z", "type":"fixed", "name":"foo", "doc":"foo bar", "size":32}',
+        '{"name":"x.y.z.foo","type":"fixed","size":32}',
+        -3064184465700546786,
+    ),
+    (
+        "031",
+        '{ "items":{"type":"null"}, "type":"array"}',
+        '{"type":"array","items":"null"}',
+        -589620603366471059,
+    ),
+    (
+        "032",
+        '{ "values":"string", "type":"map"}',
+        '{"type":"map","values":"string"}',
+        -8732877298790414990,
+    ),
+    (
+        "033",
+        (
+            '{"name":"PigValue","type":"record",\n'
+            ' "fields":[{"name":"value", "type":["null", "int", "long", "PigValue"]}]}'
+        ),
+        (
+            '{"name":"PigValue","type":"record","fields":[{"name":"value",'
+            '"type":["null","int","long","PigValue"]}]}'
+        ),
+        -1759257747318642341,
+    ),
+]
+FINGERPRINTED = [case for case in APACHE_SCHEMA_TESTS if case[3] is not None]
+
+
+def _unsigned(java_long: int) -> int:
+    return java_long % 2**64
+
+
+def _reference_crc64_avro(data: bytes) -> int:
+    """CRC-64-AVRO exactly as the Avro specification's reference code ("Schema Fingerprints")."""
+    empty = 0xC15D213AA4D7A795
+    table = []
+    for i in range(256):
+        fp = i
+        for _ in range(8):
+            fp = (fp >> 1) ^ (empty & -(fp & 1))
+        table.append(fp)
+    fp = empty
+    for byte in data:
+        fp = (fp >> 8) ^ table[(fp ^ byte) & 0xFF]
+    return fp
+
+
+SAMPLES: dict[str, dict[str, Any]] = {
+    SUBMIT_RUN: {
+        "commandId": "cmd-1",
+        "runId": "run-1",
+        "issuedAt": 1_767_225_600_000,
+        "correlationId": "corr-1",
+        "actor": "user:bob",
+        "tenant": "acme",
+        "idempotencyKey": "idem-1",
+        "executionSpec": '{"entrypoint":"run"}',
+        "retrySafe": False,
+        "timeoutSeconds": 600,
+        "maxAttempts": 3,
+    },
+    CANCEL_RUN: {
+        "commandId": "cmd-2",
+        "runId": "run-1",
+        "issuedAt": 1_767_225_601_000,
+        "correlationId": "corr-1",
+        "actor": "user:bob",
+        "reason": "no longer needed",
+    },
+    RUN_SUBMITTED: {
+        "eventId": "evt-1",
+        "runId": "run-1",
+        "version": 1,
+        "occurredAt": 1_767_225_600_005,
+        "causationId": "cmd-1",
+        "correlationId": "corr-1",
+        "actor": "user:bob",
+        "tenant": "acme",
+        "idempotencyKey": "idem-1",
+        "executionSpec": '{"entrypoint":"run"}',
+        "specDigest": "sha256:" + "ab" * 32,
+        "retrySafe": True,
+        "timeoutSeconds": 600,
+        "maxAttempts": 3,
+        "queueReservationId": "resv-1",
+        "labels": {"team": "infra"},
+    },
+    RUN_CANCELLED: {
+        "eventId": "evt-2",
+        "runId": "run-1",
+        "version": 2,
+        "occurredAt": 1_767_225_601_005,
+        "causationId": "cmd-2",
+        "correlationId": "corr-1",
+        "actor": "user:bob",
+        "reason": "no longer needed",
+        "previousStatus": "queued",
+        "reservationReleased": True,
+    },
+    COMMAND_REJECTED: {
+        "eventId": "rej-1",
+        "runId": "run-1",
+        "occurredAt": 1_767_225_602_005,
+        "causationId": "cmd-3",
+        "correlationId": "corr-1",
+        "actor": "user:bob",
+        "commandType": "CancelRun",
+        "code": "INVALID_TRANSITION",
+        "detail": "run-1 is already cancelled",
+        "currentStatus": "cancelled",
+        "currentVersion": 2,
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def registry() -> SchemaRegistry:
+    return SchemaRegistry.from_directory(REPO_ROOT / "schemas")
+
+
+# --- fingerprints -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("case", "schema", "canonical", "_fp"), APACHE_SCHEMA_TESTS)
+def test_parsing_canonical_form_matches_apache_reference(
+    case: str, schema: str, canonical: str, _fp: int | None
+) -> None:
+    assert parsing_canonical_form(schema) == canonical, case
+
+
+@pytest.mark.parametrize(("case", "schema", "_canonical", "java_long"), FINGERPRINTED)
+def test_crc64_avro_fingerprint_matches_apache_reference(
+    case: str, schema: str, _canonical: str, java_long: int
+) -> None:
+    assert fingerprint_of(schema) == _unsigned(java_long), case
+
+
+def test_reference_crc64_implementation_agrees_with_apache_values() -> None:
+    """Validates the spec-transcribed CRC used below as an independent check of the header."""
+    assert len(FINGERPRINTED) >= 8
+    for case, _schema, canonical, java_long in FINGERPRINTED:
+        assert java_long is not None
+        assert _reference_crc64_avro(canonical.encode()) == _unsigned(java_long), case
+
+
+def test_every_registered_schema_fingerprint_is_crc64_of_its_canonical_form(
+    registry: SchemaRegistry,
+) -> None:
+    for name in registry.names():
+        for version in registry.versions(name):
+            assert version.fingerprint == fingerprint_of(version.path.read_text())
+            assert version.fingerprint == _reference_crc64_avro(version.canonical_form.encode())
+            # logicalType is not part of the canonical form; timestamps are plain longs there.
+            assert "logicalType" not in version.canonical_form
+
+
+# --- wire format and round trips ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("full_name", sorted(SAMPLES))
+def test_every_record_type_round_trips_exactly(registry: SchemaRegistry, full_name: str) -> None:
+    data = registry.encode(full_name, SAMPLES[full_name])
+    decoded = registry.decode(data)
+    latest = registry.latest(full_name)
+    assert decoded.full_name == full_name
+    assert decoded.version == latest.version
+    assert decoded.fingerprint_hex == latest.fingerprint_hex
+    assert decoded.record == SAMPLES[full_name]
+
+
+def test_samples_cover_every_record_name(registry: SchemaRegistry) -> None:
+    assert sorted(SAMPLES) == list(registry.names())
+
+
+@pytest.mark.parametrize("full_name", sorted(SAMPLES))
+def test_single_object_header_is_c301_then_little_endian_fingerprint(
+    registry: SchemaRegistry, full_name: str
+) -> None:
+    data = registry.encode(full_name, SAMPLES[full_name])
+    expected_fp = _reference_crc64_avro(registry.latest(full_name).canonical_form.encode())
+    assert data[:2] == b"\xc3\x01" == SINGLE_OBJECT_MAGIC
+    assert data[2:10] == expected_fp.to_bytes(8, "little")
+    assert data[2:10].hex() == registry.latest(full_name).fingerprint_hex
+
+
+def test_timestamps_are_plain_epoch_millis_both_ways(registry: SchemaRegistry) -> None:
+    record = dict(SAMPLES[RUN_CANCELLED], occurredAt=1)
+    decoded = registry.decode(registry.encode(RUN_CANCELLED, record)).record
+    assert type(decoded["occurredAt"]) is int
+    assert decoded["occurredAt"] == 1
+
+
+def test_defaults_fill_omitted_optional_fields(registry: SchemaRegistry) -> None:
+    record = {k: v for k, v in SAMPLES[SUBMIT_RUN].items() if k not in ("retrySafe", "maxAttempts")}
+    decoded = registry.decode(registry.encode(SUBMIT_RUN, record)).record
+    assert decoded["retrySafe"] is False
+    assert decoded["maxAttempts"] == 3
+
+
+def test_run_submitted_v1_data_decodes_into_latest_reader_with_empty_labels(
+    registry: SchemaRegistry,
+) -> None:
+    v1_record = {k: v for k, v in SAMPLES[RUN_SUBMITTED].items() if k != "labels"}
+    data = registry.encode(RUN_SUBMITTED, v1_record, version=1)
+    assert data[2:10].hex() == registry.get(RUN_SUBMITTED, 1).fingerprint_hex
+    decoded = registry.decode(data)
+    assert registry.latest(RUN_SUBMITTED).version == 2
+    assert decoded.version == 1
+    assert decoded.record == {**v1_record, "labels": {}}
+
+
+def test_decode_can_target_an_older_reader_version(registry: SchemaRegistry) -> None:
+    data = registry.encode(RUN_SUBMITTED, SAMPLES[RUN_SUBMITTED])
+    decoded = registry.decode(data, reader_version=1)
+    assert "labels" not in decoded.record
+    assert decoded.record["queueReservationId"] == "resv-1"
+
+
+# --- failures -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "data", [b"", b"\xc3", b"\xc3\x01\x00\x00", b"\x00\x01" + bytes(8) + b"\x02", b'{"json":1}']
+)
+def test_bad_magic_or_truncated_header_is_bad_magic(registry: SchemaRegistry, data: bytes) -> None:
+    with pytest.raises(UndecodableRecord) as raised:
+        registry.decode(data)
+    assert raised.value.reason_code == DecodeFailure.BAD_MAGIC
+    assert "BAD_MAGIC" in str(raised.value)
+
+
+def test_unregistered_fingerprint_is_unknown_fingerprint(registry: SchemaRegistry) -> None:
+    body = registry.encode(CANCEL_RUN, SAMPLES[CANCEL_RUN])[10:]
+    foreign = fingerprint_of('{"type":"record","name":"x.Other","fields":[]}').to_bytes(8, "little")
+    with pytest.raises(UndecodableRecord) as raised:
+        registry.decode(SINGLE_OBJECT_MAGIC + foreign + body)
+    assert raised.value.reason_code == DecodeFailure.UNKNOWN_FINGERPRINT
+    assert "UNKNOWN_FINGERPRINT" in str(raised.value)
+    assert foreign.hex() in str(raised.value)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "trailing", "bad_utf8"])
+def test_damaged_body_is_corrupt_body(registry: SchemaRegistry, damage: str) -> None:
+    data = registry.encode(CANCEL_RUN, SAMPLES[CANCEL_RUN])
+    if damage == "truncated":
+        data = data[:-3]
+    elif damage == "trailing":
+        data = data + b"\x00"
+    else:  # the first string's length prefix stays valid, its first byte becomes invalid UTF-8
+        data = data[:11] + b"\xff" + data[12:]
+    with pytest.raises(UndecodableRecord) as raised:
+        registry.decode(data)
+    assert raised.value.reason_code == DecodeFailure.CORRUPT_BODY
+    assert "CORRUPT_BODY" in str(raised.value)
+
+
+def _write_schema(root: Path, relative: str, schema: dict[str, Any]) -> None:
+    path = root / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(schema))
+
+
+def _thing(version_fields: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "type": "record",
+        "name": "Thing",
+        "namespace": "tenure.t.events",
+        "fields": version_fields,
+    }
+
+
+def test_unresolvable_writer_is_incompatible_schema(tmp_path: Path) -> None:
+    _write_schema(tmp_path, "t/events/Thing.v1.avsc", _thing([{"name": "a", "type": "string"}]))
+    # v2 adds a field WITHOUT a default: it cannot read v1 data (the evolution test forbids this).
+    v2_fields = [{"name": "a", "type": "string"}, {"name": "b", "type": "int"}]
+    _write_schema(tmp_path, "t/events/Thing.v2.avsc", _thing(v2_fields))
+    broken = SchemaRegistry.from_directory(tmp_path)
+    data = broken.encode("tenure.t.events.Thing", {"a": "x"}, version=1)
+    with pytest.raises(UndecodableRecord) as raised:
+        broken.decode(data)
+    assert raised.value.reason_code == DecodeFailure.INCOMPATIBLE_SCHEMA
+
+
+def test_missing_required_field_is_a_schema_violation_naming_it(registry: SchemaRegistry) -> None:
+    record = {k: v for k, v in SAMPLES[SUBMIT_RUN].items() if k != "tenant"}
+    with pytest.raises(SchemaViolation) as raised:
+        registry.encode(SUBMIT_RUN, record)
+    assert raised.value.field == "tenant"
+    assert "tenant" in str(raised.value) and "missing" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("timeoutSeconds", "600"), ("version", 2**63), ("labels", {"k": 1}), ("runId", None)],
+)
+def test_wrong_value_is_a_schema_violation_naming_the_field(
+    registry: SchemaRegistry, field: str, value: Any
+) -> None:
+    full_name = SUBMIT_RUN if field == "timeoutSeconds" else RUN_SUBMITTED
+    with pytest.raises(SchemaViolation) as raised:
+        registry.encode(full_name, {**SAMPLES[full_name], field: value})
+    assert raised.value.field == field
+
+
+def test_unknown_field_is_a_schema_violation(registry: SchemaRegistry) -> None:
+    with pytest.raises(SchemaViolation) as raised:
+        registry.encode(CANCEL_RUN, {**SAMPLES[CANCEL_RUN], "reasn": "typo"})
+    assert raised.value.field == "reasn"
+
+
+def test_unknown_record_name_or_version_is_unknown_schema(registry: SchemaRegistry) -> None:
+    with pytest.raises(UnknownSchema):
+        registry.encode("tenure.runs.events.NoSuchEvent", {})
+    with pytest.raises(UnknownSchema):
+        registry.encode(CANCEL_RUN, SAMPLES[CANCEL_RUN], version=9)
+
+
+@pytest.mark.parametrize(
+    ("relative", "schema", "complaint"),
+    [
+        ("t/events/Thing.avsc", _thing([]), "file name"),
+        ("t/commands/Thing.v1.avsc", _thing([]), "path says"),
+        ("t/events/Other.v1.avsc", _thing([]), "path says"),
+        ("t/events/Thing.v2.avsc", _thing([]), "without gaps"),
+    ],
+)
+def test_registry_refuses_inconsistent_schema_files(
+    tmp_path: Path, relative: str, schema: dict[str, Any], complaint: str
+) -> None:
+    _write_schema(tmp_path, relative, schema)
+    with pytest.raises(SchemaFileError, match=complaint):
+        SchemaRegistry.from_directory(tmp_path)
+
+
+def test_registry_refuses_two_versions_with_one_wire_form(tmp_path: Path) -> None:
+    _write_schema(tmp_path, "t/events/Thing.v1.avsc", _thing([{"name": "a", "type": "string"}]))
+    doc_only = _thing([{"name": "a", "type": "string", "doc": "only the doc changed"}])
+    _write_schema(tmp_path, "t/events/Thing.v2.avsc", doc_only)
+    with pytest.raises(SchemaFileError, match="same canonical form"):
+        SchemaRegistry.from_directory(tmp_path)
+
+
+# --- headers and the default registry -----------------------------------------------------------
+
+
+def test_headers_name_the_latest_schema_without_decoding(registry: SchemaRegistry) -> None:
+    latest = registry.latest(RUN_SUBMITTED)
+    data = registry.encode(RUN_SUBMITTED, SAMPLES[RUN_SUBMITTED])
+    assert registry.headers_for(RUN_SUBMITTED) == [
+        ("tenure-schema", b"tenure.runs.events.RunSubmitted"),
+        ("tenure-schema-fingerprint", data[2:10].hex().encode()),
+        ("tenure-schema-version", b"2"),
+    ]
+    assert len(latest.fingerprint_hex) == 16
+
+
+def test_module_functions_use_the_repository_schemas() -> None:
+    data = encode(CANCEL_RUN, SAMPLES[CANCEL_RUN])
+    assert decode(data).record == SAMPLES[CANCEL_RUN]
+    assert headers_for(CANCEL_RUN)[0] == ("tenure-schema", CANCEL_RUN.encode())
+    assert default_registry() is default_registry()
+
+
+def test_schema_directory_can_be_overridden_by_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _write_schema(tmp_path, "t/events/Thing.v1.avsc", _thing([{"name": "a", "type": "string"}]))
+    monkeypatch.setenv(SCHEMA_DIR_ENV, str(tmp_path))
+    assert default_registry().names() == ("tenure.t.events.Thing",)
+
+
+# --- properties ---------------------------------------------------------------------------------
+
+_text = st.text(max_size=40)
+_int32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
+_int64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+_submit_runs = st.fixed_dictionaries(
+    {
+        "commandId": _text,
+        "runId": _text,
+        "issuedAt": _int64,
+        "correlationId": _text,
+        "actor": _text,
+        "tenant": _text,
+        "idempotencyKey": _text,
+        "executionSpec": _text,
+        "retrySafe": st.booleans(),
+        "timeoutSeconds": _int32,
+        "maxAttempts": _int32,
+    }
+)
+_run_submitted = st.fixed_dictionaries(
+    {
+        "eventId": _text,
+        "runId": _text,
+        "version": _int64,
+        "occurredAt": _int64,
+        "causationId": _text,
+        "correlationId": _text,
+        "actor": _text,
+        "tenant": _text,
+        "idempotencyKey": _text,
+        "executionSpec": _text,
+        "specDigest": _text,
+        "retrySafe": st.booleans(),
+        "timeoutSeconds": _int32,
+        "maxAttempts": _int32,
+        "queueReservationId": _text,
+        "labels": st.dictionaries(_text, _text, max_size=5),
+    }
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(record=_submit_runs)
+def test_random_submit_run_round_trips(record: dict[str, Any]) -> None:
+    assert decode(encode(SUBMIT_RUN, record)).record == record
+
+
+@settings(max_examples=150, deadline=None)
+@given(record=_run_submitted)
+def test_random_run_submitted_round_trips(record: dict[str, Any]) -> None:
+    decoded = decode(encode(RUN_SUBMITTED, record))
+    assert decoded.full_name == RUN_SUBMITTED
+    assert decoded.record == record
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=st.binary(max_size=64))
+def test_arbitrary_body_bytes_decode_or_fail_as_corrupt_body(body: bytes) -> None:
+    """A damaged message must surface as UndecodableRecord, never as some other exception."""
+    header = encode(CANCEL_RUN, SAMPLES[CANCEL_RUN])[:10]
+    try:
+        decoded = decode(header + body)
+    except UndecodableRecord as exc:
+        assert exc.reason_code == DecodeFailure.CORRUPT_BODY
+    else:
+        assert set(decoded.record) == set(SAMPLES[CANCEL_RUN])
