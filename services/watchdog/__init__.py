@@ -1,0 +1,1 @@
+"""The semantic watchdog (progress verdicts, quarantine and taint). Not built yet: see docs/architecture.md."""
