@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from services.common.kafka import TopicFollower
-from services.common.messages import MessageCodec
+from services.common.kafka import CommandPublisher, InboundRecord, TopicFollower
+from services.common.messages import MessageCodec, UndecodableRecord, deadletter_record
 from services.common.store import RocksStore
-from services.common.topics import RUNS_EVENTS
+from services.common.topics import DEADLETTER, RUNS_EVENTS
 from services.projections.store import RunViewStore
 
 __all__ = ["RebuildReport", "follow", "rebuild", "views_path"]
@@ -30,13 +30,30 @@ def follow(bootstrap_servers: str, path: Path, stop: threading.Event) -> None:
     follower = TopicFollower(
         bootstrap_servers, [RUNS_EVENTS.name], start_at=views.offsets(), client_id="tenure-projections"
     )
+    publisher = CommandPublisher(bootstrap_servers, client_id="tenure-projections-deadletter")
+
+    def dead_letter(record: InboundRecord, error: UndecodableRecord) -> None:
+        log.error("dead-lettering %s[%d]@%d: %s", record.topic, record.partition, record.offset, error)
+        dead = deadletter_record(
+            DEADLETTER.name,
+            record.topic,
+            record.partition,
+            record.offset,
+            record.key,
+            record.value,
+            error.reason_code,
+            str(error),
+        )
+        publisher.publish(dead).result(30)
+
     try:
         while not stop.is_set():
             records = follower.poll(max_records=1000, timeout_s=0.1)
             if records:
-                views.apply(records)
+                views.apply(records, on_undecodable=dead_letter)
     finally:
         follower.close()
+        publisher.close()
 
 
 @dataclass(frozen=True)

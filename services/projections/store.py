@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from services.common.contracts import EVENT_TYPES
 from services.common.kafka import InboundRecord
@@ -87,8 +87,16 @@ class RunViewStore:
 
     # --- writes -----------------------------------------------------------------------------
 
-    def apply(self, records: Iterable[InboundRecord]) -> int:
-        """Fold a batch of runs.events records; returns how many events changed a view."""
+    def apply(
+        self,
+        records: Iterable[InboundRecord],
+        on_undecodable: Callable[[InboundRecord, UndecodableRecord], None] | None = None,
+    ) -> int:
+        """Fold a batch of runs.events records; returns how many events changed a view.
+
+        `on_undecodable` runs for each record that cannot be decoded, before the batch's offsets
+        are stored, so a dead-letter write it makes can never be skipped by a crash.
+        """
         views: dict[str, dict[str, Any]] = {}
         puts: dict[str, bytes] = {}
         deletes: list[str] = []
@@ -97,8 +105,10 @@ class RunViewStore:
             puts[_offset_key(record.partition)] = str(record.offset + 1).encode()
             try:
                 event = self._codec.decode(record.value)
-            except UndecodableRecord:
-                continue  # the writer dead-letters; a projection only skips what it cannot read
+            except UndecodableRecord as exc:
+                if on_undecodable is not None:
+                    on_undecodable(record, exc)
+                continue
             if not isinstance(event, EVENT_TYPES):
                 continue
             before = views.get(event.run_id) or self.get(event.run_id)

@@ -87,7 +87,8 @@ def tail(args: argparse.Namespace) -> int:
                     break
                 continue
             idle_since = time.monotonic()
-            for record in records:
+            # One poll spans several topics and partitions: show it in the order it happened.
+            for record in sorted(records, key=lambda r: r.timestamp_ms):
                 item = decode_for_humans(codec, record)
                 if args.run_id and item.get("key") != args.run_id:
                     continue
@@ -142,7 +143,8 @@ def _copy_as_json_lines(
     follower = TopicFollower(bootstrap, [topic], starts, client_id="tenure-replay")
     written = 0
     idle_polls = 0
-    with tqdm(total=total, unit="rec", desc=f"replaying {topic}", file=sys.stderr) as bar:
+    ends = dict(todo)
+    with tqdm(total=total, unit="offset", desc=f"replaying {topic}", file=sys.stderr) as bar:
         try:
             while todo and idle_polls < 20:
                 records = follower.poll(max_records=2000, timeout_s=0.25)
@@ -151,11 +153,17 @@ def _copy_as_json_lines(
                     if record.partition in todo and record.offset < todo[record.partition]:
                         out.write(json.dumps(decode_for_humans(codec, record), default=str) + "\n")
                         written += 1
-                        bar.update(1)
-                # Transaction markers take offsets but are never delivered: compare positions.
-                for partition, position in follower.positions(topic).items():
+                # Transaction markers take offsets but are never delivered: progress is measured
+                # in positions, not in records.
+                positions = follower.positions(topic)
+                for partition, position in positions.items():
                     if partition in todo and position >= todo[partition]:
                         del todo[partition]
+                bar.n = sum(
+                    max(0, min(positions.get(p, starts.get(p, 0)), end) - starts.get(p, 0))
+                    for p, end in ends.items()
+                )
+                bar.refresh()
         finally:
             follower.close()
     return written

@@ -1,1 +1,4 @@
-"""The semantic watchdog (progress verdicts, quarantine and taint). Not built yet: see docs/architecture.md."""
+"""The semantic watchdog: progress verdicts, quarantine and taint.
+
+Not built yet; see docs/architecture.md.
+"""

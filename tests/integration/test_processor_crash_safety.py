@@ -168,5 +168,5 @@ def test_sigkill_of_processor_and_projector_loses_and_duplicates_nothing_DUR_1(
     assert live_views == replayed
     rebuilt = RunViewStore(MemoryStore(), MessageCodec())
     report = rebuild(bootstrap, rebuilt)
-    assert report.events == len(events)
+    assert report.events == len(records)
     assert rebuilt.all_views() == live_views

@@ -19,7 +19,9 @@ __all__ = ["PartitionReader", "TopicFollower"]
 StartAt = Literal["beginning", "end"] | Mapping[int, int]
 
 
-def _consumer(bootstrap_servers: str, client_id: str, eof: bool) -> Consumer:
+def _consumer(
+    bootstrap_servers: str, client_id: str, eof: bool, isolation: str = "read_committed"
+) -> Consumer:
     config = base_config(bootstrap_servers, client_id)
     config.pop("partitioner")
     config.update(
@@ -28,7 +30,7 @@ def _consumer(bootstrap_servers: str, client_id: str, eof: bool) -> Consumer:
             "group.id": f"{client_id}-unused",
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
-            "isolation.level": "read_committed",
+            "isolation.level": isolation,
             "enable.partition.eof": eof,
             "auto.offset.reset": "earliest",
             "fetch.wait.max.ms": 50,
@@ -51,36 +53,69 @@ def _to_record(msg: object) -> InboundRecord:
 
 
 class PartitionReader:
-    """Reads one partition from an offset to its end as of now (the last stable offset)."""
+    """Reads one partition from an offset up to its high watermark as of the call.
+
+    Everything written before the call is returned once its transaction is decided: a
+    read_committed consumer waits for the commit or abort marker, so a record whose transaction
+    was committed a moment ago (markers are written asynchronously) is not missed. A transaction
+    that never ends (a zombie writer nobody fenced) makes the read time out loudly.
+    """
 
     def __init__(self, bootstrap_servers: str, client_id: str = "tenure-partition-reader") -> None:
         self._consumer = _consumer(bootstrap_servers, client_id, eof=True)
+        # A read_committed client is told the last *stable* offset, which lags a transaction
+        # committed a moment ago until its markers land; the true end needs read_uncommitted.
+        self._watermarks = _consumer(
+            bootstrap_servers, f"{client_id}-watermarks", eof=False, isolation="read_uncommitted"
+        )
 
     def read(
         self, topic: str, partition: int, start_offset: int, timeout_s: float = 60.0
     ) -> Iterator[InboundRecord]:
-        _, high = self._consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10.0)
+        tp = TopicPartition(topic, partition)
+        high = self._high_watermark(tp)
         if start_offset >= high:
             return
         self._consumer.assign([TopicPartition(topic, partition, start_offset)])
         deadline = time.monotonic() + timeout_s
         try:
             while time.monotonic() < deadline:
-                msg = self._consumer.poll(0.5)
-                if msg is None:
-                    continue
-                error = msg.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        return
-                    raise RuntimeError(f"reading {topic}[{partition}] failed: {error}")
-                yield _to_record(msg)
-            raise TimeoutError(f"{topic}[{partition}] was not read to its end in {timeout_s}s")
+                msg = self._consumer.poll(0.2)
+                if msg is not None:
+                    error = msg.error()
+                    if error is None:
+                        yield _to_record(msg)
+                        if msg.offset() + 1 >= high:  # type: ignore[operator]
+                            return
+                        continue
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        raise RuntimeError(f"reading {topic}[{partition}] failed: {error}")
+                # Control records and aborted data advance the position without being delivered.
+                position = self._consumer.position([tp])[0].offset
+                if position >= high:
+                    return
+            raise TimeoutError(
+                f"{topic}[{partition}] was not readable up to offset {high} in {timeout_s}s "
+                "(a transaction still open?)"
+            )
         finally:
             self._consumer.unassign()
 
+    def _high_watermark(self, tp: TopicPartition, timeout_s: float = 10.0) -> int:
+        # Right after a topic is created this client's metadata may not know the partition yet
+        # and the answer is OFFSET_INVALID; ask again rather than read nothing.
+        deadline = time.monotonic() + timeout_s
+        while True:
+            _, high = self._watermarks.get_watermark_offsets(tp, timeout=timeout_s, cached=False)
+            if high >= 0:
+                return int(high)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no high watermark for {tp.topic}[{tp.partition}]")
+            time.sleep(0.05)
+
     def close(self) -> None:
         self._consumer.close()
+        self._watermarks.close()
 
 
 class TopicFollower:
