@@ -41,7 +41,7 @@ lint: $(STAMP)
 	$(BIN)/mypy services
 
 bench: kafka
-	$(BIN)/python bench/foundation.py
+	$(BIN)/python -m bench.foundation
 
 clean:
 	rm -rf $(VENV) .tenure .pytest_cache .mypy_cache .ruff_cache .hypothesis

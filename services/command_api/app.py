@@ -9,6 +9,8 @@ id and a Location to poll; the command is durable on Kafka and will still be dec
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -20,7 +22,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
 from services.command_api.auth import Principal, load_api_keys, principal_of
-from services.command_api.decisions import Accepted, Rejected, RejectionListener, await_decision
+from services.command_api.decisions import Decided, DecisionListener, Rejected
 from services.command_api.models import (
     STATUS_VALUES,
     CancelRequest,
@@ -50,10 +52,15 @@ __all__ = ["ApiDependencies", "create_app", "open_dependencies"]
 class _ViewReader:
     """Opens the projector's RocksDB as a read-only secondary, once it exists."""
 
+    # Catching up with the primary costs a few file reads; many waiting requests share one.
+    _REFRESH_EVERY_S = 0.002
+
     def __init__(self, path: Path, codec: MessageCodec) -> None:
         self._path = path
         self._codec = codec
         self._views: RunViewStore | None = None
+        self._lock = threading.Lock()
+        self._refreshed_at = 0.0
 
     def _store(self) -> RunViewStore:
         if self._views is None:
@@ -62,21 +69,37 @@ class _ViewReader:
             self._views = RunViewStore(RocksStore(self._path, secondary=True), self._codec)
         return self._views
 
-    def get(self, run_id: str) -> dict[str, Any] | None:
+    def _fresh_store(self) -> RunViewStore:
         store = self._store()
-        store.refresh()
-        return store.get(run_id)
+        with self._lock:
+            now = time.monotonic()
+            if now - self._refreshed_at >= self._REFRESH_EVERY_S:
+                store.refresh()
+                self._refreshed_at = now
+        return store
+
+    def get(self, run_id: str) -> dict[str, Any] | None:
+        return self._fresh_store().get(run_id)
 
     def list(self, status: str | None, limit: int, cursor: str | None) -> Any:
-        store = self._store()
-        store.refresh()
-        return store.list(status, limit, cursor)
+        return self._fresh_store().list(status, limit, cursor)
+
+    async def wait_for_version(self, run_id: str, version: int, timeout_s: float) -> dict[str, Any] | None:
+        """The run's view once the projection has applied `version`, or None on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            view = await asyncio.to_thread(self.get, run_id)
+            if view is not None and int(view["version"]) >= version:
+                return view
+            if time.monotonic() >= deadline:
+                return None
+            await asyncio.sleep(self._REFRESH_EVERY_S)
 
 
 @dataclass
 class ApiDependencies:
     publisher: CommandPublisher
-    rejections: RejectionListener
+    decisions: DecisionListener
     views: _ViewReader
     codec: MessageCodec
     clock: Clock
@@ -84,7 +107,7 @@ class ApiDependencies:
     decision_timeout_s: float
 
     def close(self) -> None:
-        self.rejections.close()
+        self.decisions.close()
         self.publisher.close()
 
 
@@ -92,7 +115,7 @@ def open_dependencies(bootstrap_servers: str, views_path: Path, decision_timeout
     codec = MessageCodec()
     return ApiDependencies(
         publisher=CommandPublisher(bootstrap_servers, client_id="tenure-command-api"),
-        rejections=RejectionListener(bootstrap_servers, codec),
+        decisions=DecisionListener(bootstrap_servers, codec),
         views=_ViewReader(views_path, codec),
         codec=codec,
         clock=SystemClock(),
@@ -137,22 +160,35 @@ def create_app(open_deps: Callable[[], ApiDependencies]) -> FastAPI:
     def deps() -> ApiDependencies:
         return state["deps"]
 
-    async def publish_and_wait(command: SubmitRun | CancelRun) -> Accepted | Rejected | PendingCommand:
+    async def publish_and_wait(command: SubmitRun | CancelRun) -> dict[str, Any] | Rejected | PendingCommand:
+        """Publish, then wait (bounded) for the decision and for the view that shows it."""
         d = deps()
         record = d.codec.outbound(RUNS_COMMANDS.name, command.run_id, command)
-        started = asyncio.get_running_loop().time()
+        kind = type(command).__name__
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        decision = d.decisions.register(command.command_id)
         try:
             await asyncio.wrap_future(d.publisher.publish(record))
         except Exception as exc:
+            d.decisions.forget(command.command_id, decision)
             raise ApiProblem("unavailable", f"could not publish the command to Kafka: {exc}") from exc
-        outcome = await await_decision(
-            command.command_id, command.run_id, d.views.get, d.rejections, d.decision_timeout_s
-        )
-        kind = type(command).__name__
-        decision_seconds.labels(kind).observe(asyncio.get_running_loop().time() - started)
-        if isinstance(outcome, (Accepted, Rejected)):
-            commands_total.labels(kind, type(outcome).__name__.lower()).inc()
+        try:
+            outcome = await asyncio.wait_for(decision, d.decision_timeout_s)
+        except TimeoutError:
+            d.decisions.forget(command.command_id, decision)
+            outcome = None
+        view = None
+        if isinstance(outcome, Decided):
+            remaining = max(0.0, d.decision_timeout_s - (loop.time() - started))
+            view = await d.views.wait_for_version(command.run_id, outcome.event.version, remaining)
+        decision_seconds.labels(kind).observe(loop.time() - started)
+        if isinstance(outcome, Rejected):
+            commands_total.labels(kind, "rejected").inc()
             return outcome
+        if view is not None:
+            commands_total.labels(kind, "accepted").inc()
+            return view
         commands_total.labels(kind, "pending").inc()
         return PendingCommand(
             runId=command.run_id,
@@ -221,7 +257,7 @@ def create_app(open_deps: Callable[[], ApiDependencies]) -> FastAPI:
         if isinstance(outcome, PendingCommand):
             return pending_response(outcome)
         response.headers["Location"] = f"/runs/{run_id}"
-        return outcome.view
+        return outcome
 
     @app.post("/runs/{run_id}/cancel", summary="Cancel a run")
     async def cancel_run(
@@ -231,10 +267,14 @@ def create_app(open_deps: Callable[[], ApiDependencies]) -> FastAPI:
         idempotency_key: str | None = Header(default=None, alias="Idempotency-Key", max_length=200),
     ) -> Any:
         who = principal_of(request, deps().api_keys)
-        if await asyncio.to_thread(deps().views.get, run_id) is None:
+        current = await asyncio.to_thread(deps().views.get, run_id)
+        if current is None:
             raise ApiProblem("run-not-found", f"run {run_id} does not exist", runId=run_id)
+        command_id = command_id_for(run_id, "CancelRun", idempotency_key or uuid.uuid4().hex)
+        if any(entry.get("causationId") == command_id for entry in current["history"]):
+            return current  # this very cancel was already applied: answer it again
         command = CancelRun(
-            command_id=command_id_for(run_id, "CancelRun", idempotency_key or uuid.uuid4().hex),
+            command_id=command_id,
             run_id=run_id,
             issued_at=deps().clock.now_ms(),
             correlation_id=request.headers.get("x-correlation-id") or run_id,
@@ -246,7 +286,7 @@ def create_app(open_deps: Callable[[], ApiDependencies]) -> FastAPI:
             return rejection_problem(outcome, request.url.path)
         if isinstance(outcome, PendingCommand):
             return pending_response(outcome)
-        return outcome.view
+        return outcome
 
     @app.get("/runs/{run_id}", summary="The Run view")
     async def get_run(run_id: str, request: Request) -> Any:

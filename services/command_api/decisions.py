@@ -1,27 +1,33 @@
-"""Matching a published command to its decision: the Run view changing, or a rejection."""
+"""Matching a published command to its decision by causation id.
+
+One background thread follows runs.events and runs.rejections from the moment the API starts
+and resolves the waiting requests, so a request costs no polling while it waits. A waiter is
+registered before its command is published, and decisions that arrive with no waiter yet are
+remembered for a while, so no order of events can lose an answer.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable
 
-from services.common.contracts import CommandRejected
+from services.common.contracts import EVENT_TYPES, CommandRejected, RunEvent
 from services.common.kafka import TopicFollower
 from services.common.messages import MessageCodec, UndecodableRecord
-from services.common.topics import RUNS_REJECTIONS
+from services.common.topics import RUNS_EVENTS, RUNS_REJECTIONS
 
-__all__ = ["Accepted", "Pending", "Rejected", "RejectionListener", "await_decision"]
+__all__ = ["Decided", "DecisionListener", "Rejected"]
 
-_REMEMBERED_REJECTIONS = 10_000
+_REMEMBERED = 20_000
 
 
 @dataclass(frozen=True)
-class Accepted:
-    view: dict[str, Any]
+class Decided:
+    """The command produced events; `version` is the run's version after the last one seen."""
+
+    event: RunEvent
 
 
 @dataclass(frozen=True)
@@ -29,68 +35,72 @@ class Rejected:
     rejection: CommandRejected
 
 
-@dataclass(frozen=True)
-class Pending:
-    pass
+Decision = Decided | Rejected
 
 
-class RejectionListener:
-    """Follows runs.rejections from now on and remembers the latest rejections by command id."""
-
+class DecisionListener:
     def __init__(self, bootstrap_servers: str, codec: MessageCodec) -> None:
         self._codec = codec
-        self._seen: OrderedDict[str, CommandRejected] = OrderedDict()
         self._lock = threading.Lock()
+        self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[Decision]]]] = {}
+        self._recent: OrderedDict[str, Decision] = OrderedDict()
         self._stop = threading.Event()
         self._follower = TopicFollower(
-            bootstrap_servers, [RUNS_REJECTIONS.name], "end", client_id="tenure-api-rejections"
+            bootstrap_servers,
+            [RUNS_EVENTS.name, RUNS_REJECTIONS.name],
+            "end",
+            client_id="tenure-api-decisions",
         )
-        self._thread = threading.Thread(target=self._run, name="rejections", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="decisions", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            for record in self._follower.poll(timeout_s=0.1):
+            for record in self._follower.poll(max_records=2000, timeout_s=0.1):
                 try:
                     message = self._codec.decode(record.value)
                 except UndecodableRecord:
                     continue
                 if isinstance(message, CommandRejected):
-                    with self._lock:
-                        self._seen[message.causation_id] = message
-                        while len(self._seen) > _REMEMBERED_REJECTIONS:
-                            self._seen.popitem(last=False)
+                    self._deliver(message.causation_id, Rejected(message))
+                elif isinstance(message, EVENT_TYPES):
+                    self._deliver(message.causation_id, Decided(message))
         self._follower.close()
 
-    def get(self, command_id: str) -> CommandRejected | None:
+    def _deliver(self, command_id: str, decision: Decision) -> None:
         with self._lock:
-            return self._seen.get(command_id)
+            self._recent[command_id] = decision
+            self._recent.move_to_end(command_id)
+            while len(self._recent) > _REMEMBERED:
+                self._recent.popitem(last=False)
+            waiters = self._waiters.pop(command_id, [])
+        for loop, future in waiters:
+            loop.call_soon_threadsafe(_resolve, future, decision)
+
+    def register(self, command_id: str) -> asyncio.Future[Decision]:
+        """A future for the decision of `command_id`; register before publishing the command."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Decision] = loop.create_future()
+        with self._lock:
+            known = self._recent.get(command_id)
+            if known is None:
+                self._waiters.setdefault(command_id, []).append((loop, future))
+        if known is not None:
+            future.set_result(known)
+        return future
+
+    def forget(self, command_id: str, future: asyncio.Future[Decision]) -> None:
+        with self._lock:
+            waiters = self._waiters.get(command_id, [])
+            self._waiters[command_id] = [w for w in waiters if w[1] is not future]
+            if not self._waiters[command_id]:
+                del self._waiters[command_id]
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(5.0)
 
 
-def _caused_by(view: dict[str, Any], command_id: str) -> bool:
-    return any(entry.get("causationId") == command_id for entry in view.get("history", ()))
-
-
-async def await_decision(
-    command_id: str,
-    run_id: str,
-    read_view: Callable[[str], dict[str, Any] | None],
-    rejections: RejectionListener,
-    timeout_s: float,
-    poll_s: float = 0.01,
-) -> Accepted | Rejected | Pending:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        rejection = rejections.get(command_id)
-        if rejection is not None:
-            return Rejected(rejection)
-        view = read_view(run_id)
-        if view is not None and _caused_by(view, command_id):
-            return Accepted(view)
-        if time.monotonic() >= deadline:
-            return Pending()
-        await asyncio.sleep(poll_s)
+def _resolve(future: asyncio.Future[Decision], decision: Decision) -> None:
+    if not future.done():
+        future.set_result(decision)

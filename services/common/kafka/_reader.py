@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Iterator, Literal, Mapping
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_END, Consumer, KafkaError, TopicPartition
 
 from services.common.kafka._config import base_config, normalise_headers
 from services.common.kafka._records import InboundRecord
@@ -33,7 +33,8 @@ def _consumer(
             "isolation.level": isolation,
             "enable.partition.eof": eof,
             "auto.offset.reset": "earliest",
-            "fetch.wait.max.ms": 50,
+            # Latency over idle cost: a decision should reach its waiter within a few ms.
+            "fetch.wait.max.ms": 10,
         }
     )
     return Consumer(config)
@@ -135,21 +136,28 @@ class TopicFollower:
             if topic not in metadata or metadata[topic].error is not None:
                 raise RuntimeError(f"topic {topic} does not exist; create the topics first")
             for partition in sorted(metadata[topic].partitions):
-                assignment.append(TopicPartition(topic, partition, self._start(start_at, partition)))
+                assignment.append(TopicPartition(topic, partition, self._start(topic, partition, start_at)))
         self._consumer.assign(assignment)
 
-    @staticmethod
-    def _start(start_at: StartAt, partition: int) -> int:
+    def _start(self, topic: str, partition: int, start_at: StartAt) -> int:
+        # Concrete offsets, not OFFSET_BEGINNING/OFFSET_END: librdkafka resolves the logical ones
+        # lazily (after ~0.5 s), and records written meanwhile would be skipped by "end".
         if start_at == "beginning":
-            return OFFSET_BEGINNING
+            return 0
         if start_at == "end":
-            return OFFSET_END
+            _, high = self._consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=10.0, cached=False
+            )
+            return OFFSET_END if high < 0 else int(high)
         assert not isinstance(start_at, str)
-        next_offset = start_at.get(partition)
-        return OFFSET_BEGINNING if next_offset is None else next_offset
+        return start_at.get(partition, 0)
 
     def poll(self, max_records: int = 500, timeout_s: float = 0.2) -> list[InboundRecord]:
-        messages = self._consumer.consume(max_records, timeout_s)
+        """Wait up to `timeout_s` for the first record, then take what is already there."""
+        first = self._consumer.poll(timeout_s)
+        if first is None:
+            return []
+        messages = [first, *self._consumer.consume(max_records - 1, 0)] if max_records > 1 else [first]
         records: list[InboundRecord] = []
         for msg in messages:
             error = msg.error()
