@@ -165,8 +165,14 @@ def spawn(name: str, module: str, workdir: Path, env: dict[str, str]) -> Service
     log_file = workdir / f"{name}.log"
     with log_file.open("wb") as out:
         # cwd is the service's temp dir, so faust's <app>-data folder never lands in the repo.
-        process = subprocess.Popen([sys.executable, "-m", module], env=env, cwd=workdir,
-                                   stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [sys.executable, "-m", module],
+            env=env,
+            cwd=workdir,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     say(f"started {name} pid {process.pid} (log {log_file})")
     return Service(name, process, log_file)
 
@@ -195,9 +201,16 @@ def bench_raw(bootstrap: str, n: int, tag: str) -> RawResult:
     topics = [f"bench.raw.{tag}.{r}" for r in range(RAW_REPEATS)]
     warmup = f"bench.raw.{tag}.warmup"
     create_topics(bootstrap, [TopicSpec(t, RUNS_COMMANDS.partitions) for t in [warmup, *topics]])
-    producer = Producer({"bootstrap.servers": bootstrap, "client.id": "tenure-bench-raw",
-                         "partitioner": "murmur2_random", "acks": "all", "enable.idempotence": True,
-                         "linger.ms": 5})
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "client.id": "tenure-bench-raw",
+            "partitioner": "murmur2_random",
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": 5,
+        }
+    )
     value = os.urandom(RAW_VALUE_BYTES)
 
     def produce(target: str, count: int) -> float:
@@ -207,9 +220,15 @@ def bench_raw(bootstrap: str, n: int, tag: str) -> RawResult:
 
     def consume(source: str, count: int) -> float:
         # A fresh consumer per topic: reassigning a used one stalled ~0.5 s before fetching.
-        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"tenure-bench-raw-{tag}",
-                             "enable.auto.commit": False, "isolation.level": "read_committed",
-                             "fetch.wait.max.ms": 50})
+        consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"tenure-bench-raw-{tag}",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "fetch.wait.max.ms": 50,
+            }
+        )
         started = time.monotonic()
         # Offset 0, not OFFSET_BEGINNING: librdkafka resolves a logical offset with a ListOffsets
         # round it first defers by a 500 ms timer, which would dwarf the transfer measured here.
@@ -242,9 +261,15 @@ def bench_raw(bootstrap: str, n: int, tag: str) -> RawResult:
 def submit_command(codec: MessageCodec, tenant: str, key: str) -> tuple[str, OutboundRecord]:
     run_id = run_id_for(tenant, key)
     command = SubmitRun(
-        command_id=command_id_for(run_id, "SubmitRun", key), run_id=run_id,
-        issued_at=SystemClock().now_ms(), correlation_id=run_id, actor="bench", tenant=tenant,
-        idempotency_key=key, execution_spec=canonical_json({**SPEC, "args": [key]}), timeout_seconds=600,
+        command_id=command_id_for(run_id, "SubmitRun", key),
+        run_id=run_id,
+        issued_at=SystemClock().now_ms(),
+        correlation_id=run_id,
+        actor="bench",
+        tenant=tenant,
+        idempotency_key=key,
+        execution_spec=canonical_json({**SPEC, "args": [key]}),
+        timeout_seconds=600,
     )
     return run_id, codec.outbound(RUNS_COMMANDS.name, run_id, command)
 
@@ -339,13 +364,22 @@ def bench_logic(n: int, workdir: Path) -> float:
     """
     codec = MessageCodec()
     commands = [submit_command(codec, "bench-logic", f"logic-{i:07d}")[1] for i in range(n)]
-    records = [InboundRecord(RUNS_COMMANDS.name, i % RUNS_COMMANDS.partitions, i // RUNS_COMMANDS.partitions,
-                             c.key, c.value, c.headers) for i, c in enumerate(commands)]
+    records = [
+        InboundRecord(
+            RUNS_COMMANDS.name,
+            i % RUNS_COMMANDS.partitions,
+            i // RUNS_COMMANDS.partitions,
+            c.key,
+            c.value,
+            c.headers,
+        )
+        for i, c in enumerate(commands)
+    ]
     store = RocksStore(workdir / "logic" / "runs")
     processor = RunCommandProcessor(MemoryEventLog(RUNS_COMMANDS.partitions), store, codec, SystemClock())
     started = time.monotonic()
     for i in range(0, n, BATCH):
-        processor.handle(records[i:i + BATCH])
+        processor.handle(records[i : i + BATCH])
     elapsed = time.monotonic() - started
     store.close()
     return elapsed
@@ -375,13 +409,21 @@ def publish_all(producer: Producer, tracker: ViewTracker, prepared: list[tuple[s
     send_all(producer, stamped())
 
 
-def bench_processor(bootstrap: str, n: int, probes: int, tag: str, tracker: ViewTracker,
-                    services: list[Service]) -> ProcessorResult:
+def bench_processor(
+    bootstrap: str, n: int, probes: int, tag: str, tracker: ViewTracker, services: list[Service]
+) -> ProcessorResult:
     codec, tenant = MessageCodec(), f"bench-{tag}"
     # The settings of services.common.kafka.CommandPublisher, the API's publisher.
-    producer = Producer({"bootstrap.servers": bootstrap, "client.id": "tenure-bench-commands",
-                         "partitioner": "murmur2_random", "enable.idempotence": True, "acks": "all",
-                         "linger.ms": 2})
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "client.id": "tenure-bench-commands",
+            "partitioner": "murmur2_random",
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 2,
+        }
+    )
     warmup = [submit_command(codec, tenant, f"warmup-{i}") for i in range(WARMUP_COMMANDS)]
     say(f"(b) warm-up: {WARMUP_COMMANDS} commands until their views exist (faust joins its group)")
     publish_all(producer, tracker, warmup)
@@ -411,10 +453,16 @@ def bench_processor(bootstrap: str, n: int, probes: int, tag: str, tracker: View
         return [(stamps[r] - tracker.sent[r]) * 1000 for r in ids]
 
     return ProcessorResult(
-        n, publish_s, max(tracker.decided[r] for r in run_ids) - started,
-        max(tracker.viewed[r] for r in run_ids) - started, ms(tracker.decided, run_ids),
-        ms(tracker.viewed, run_ids), ms(tracker.decided, probe_ids), ms(tracker.viewed, probe_ids),
-        tracker.verify(run_ids), burst_markers,
+        n,
+        publish_s,
+        max(tracker.decided[r] for r in run_ids) - started,
+        max(tracker.viewed[r] for r in run_ids) - started,
+        ms(tracker.decided, run_ids),
+        ms(tracker.viewed, run_ids),
+        ms(tracker.decided, probe_ids),
+        ms(tracker.viewed, probe_ids),
+        tracker.verify(run_ids),
+        burst_markers,
     )
 
 
@@ -455,8 +503,15 @@ def bench_rebuild(bootstrap: str, workdir: Path, tag: str) -> RebuildResult:
 
     started = time.monotonic()
     report = rebuild(bootstrap, views, progress)
-    return RebuildResult(restored, restore_s, report.events, report.runs, report.seconds,
-                         (first_batch[0] if first_batch else started) - started, log_offsets)
+    return RebuildResult(
+        restored,
+        restore_s,
+        report.events,
+        report.runs,
+        report.seconds,
+        (first_batch[0] if first_batch else started) - started,
+        log_offsets,
+    )
 
 
 # --- (c) the HTTP API -------------------------------------------------------------------------
@@ -533,12 +588,21 @@ def _lat(values: list[float]) -> str:
     return f"{ms(percentile(values, 50))} / {ms(percentile(values, 99))}"
 
 
-def render_tables(raw: RawResult, proc: ProcessorResult, reb: RebuildResult, api: ApiResult | str,
-                  cpu: CpuMeter, clients: int, runs: int) -> str:
+def render_tables(
+    raw: RawResult,
+    proc: ProcessorResult,
+    reb: RebuildResult,
+    api: ApiResult | str,
+    cpu: CpuMeter,
+    clients: int,
+    runs: int,
+) -> str:
     """The results table, the notes that make it readable, and the CPU table."""
     produce_rate, consume_rate = raw.messages / raw.produce_s, raw.messages / raw.consume_s
-    lines = ["| Phase | What | Count | Seconds | Rate | p50 / p99 | Tenure/raw |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| Phase | What | Count | Seconds | Rate | p50 / p99 | Tenure/raw |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
 
     def row(phase: str, what: str, count: int, seconds: float, latency: str, base: float | None) -> None:
         rate = count / seconds
@@ -546,32 +610,82 @@ def render_tables(raw: RawResult, proc: ProcessorResult, reb: RebuildResult, api
         cells = (phase, what, f"{count:,}", f"{seconds:.2f}", f"{rate:,.0f}/s", latency, ratio)
         lines.append("| " + " | ".join(cells) + " |")
 
-    row("(a) raw", f"produce {RAW_VALUE_BYTES} B records, acks=all, idempotent (best of {RAW_REPEATS})",
-        raw.messages, raw.produce_s, "-", None)
-    row("(a) raw", f"consume them back, read_committed (best of {RAW_REPEATS})", raw.messages,
-        raw.consume_s, "-", None)
-    row("(b) processor logic", f"RunCommandProcessor.handle, batches of {BATCH}, Kafka replaced by "
-        "memory", proc.commands, proc.logic_s, "-", produce_rate)
-    row("(b) processor", "SubmitRun -> RunSubmitted committed", proc.commands, proc.decided_s,
-        _lat(proc.decided_ms), produce_rate)
-    row("(b) processor + projector", "SubmitRun -> Run view exists", proc.commands, proc.viewed_s,
-        _lat(proc.viewed_ms), produce_rate)
+    row(
+        "(a) raw",
+        f"produce {RAW_VALUE_BYTES} B records, acks=all, idempotent (best of {RAW_REPEATS})",
+        raw.messages,
+        raw.produce_s,
+        "-",
+        None,
+    )
+    row(
+        "(a) raw",
+        f"consume them back, read_committed (best of {RAW_REPEATS})",
+        raw.messages,
+        raw.consume_s,
+        "-",
+        None,
+    )
+    row(
+        "(b) processor logic",
+        f"RunCommandProcessor.handle, batches of {BATCH}, Kafka replaced by memory",
+        proc.commands,
+        proc.logic_s,
+        "-",
+        produce_rate,
+    )
+    row(
+        "(b) processor",
+        "SubmitRun -> RunSubmitted committed",
+        proc.commands,
+        proc.decided_s,
+        _lat(proc.decided_ms),
+        produce_rate,
+    )
+    row(
+        "(b) processor + projector",
+        "SubmitRun -> Run view exists",
+        proc.commands,
+        proc.viewed_s,
+        _lat(proc.viewed_ms),
+        produce_rate,
+    )
     probes = len(proc.probe_viewed_ms)
     for what, values in (("committed", proc.probe_decided_ms), ("view exists", proc.probe_viewed_ms)):
-        lines.append(f"| (b) closed loop | one command at a time ({probes} samples): {what} "
-                     f"| - | - | - | {_lat(values)} | - |")
+        lines.append(
+            f"| (b) closed loop | one command at a time ({probes} samples): {what} "
+            f"| - | - | - | {_lat(values)} | - |"
+        )
     if isinstance(api, ApiResult):
-        row("(c) HTTP API", f"POST /runs, {clients} clients x {runs} runs (latency of 201s)",
-            api.requests, api.seconds, _lat(api.created_ms), produce_rate)
+        row(
+            "(c) HTTP API",
+            f"POST /runs, {clients} clients x {runs} runs (latency of 201s)",
+            api.requests,
+            api.seconds,
+            _lat(api.created_ms),
+            produce_rate,
+        )
         others = {k: v for k, v in sorted(api.statuses.items()) if k != 201} or "none"
         api_note = f"(c) answers: {api.statuses.get(201, 0):,} x 201; others {others} (0: timeout)."
     else:
         lines.append(f"| (c) HTTP API | POST /runs, {clients} clients x {runs} runs | FAILED | | | {api} | |")
         api_note = f"(c) failed: {api}."
-    row("(d) restore", "RunCommandProcessor.restore, direct call", reb.restore_events, reb.restore_s,
-        "-", consume_rate)
-    row("(d) projection", "services.projections.service.rebuild", reb.projection_events,
-        reb.projection_s, "-", consume_rate)
+    row(
+        "(d) restore",
+        "RunCommandProcessor.restore, direct call",
+        reb.restore_events,
+        reb.restore_s,
+        "-",
+        consume_rate,
+    )
+    row(
+        "(d) projection",
+        "services.projections.service.rebuild",
+        reb.projection_events,
+        reb.projection_s,
+        "-",
+        consume_rate,
+    )
     names = list(cpu.pids)
     lines += [
         "",
@@ -609,8 +723,9 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def section_body(key: str, started_at: dt.datetime, load: tuple[float, ...], broker: BrokerHandle,
-                 tables: str) -> str:
+def section_body(
+    key: str, started_at: dt.datetime, load: tuple[float, ...], broker: BrokerHandle, tables: str
+) -> str:
     command = shlex.join(sys.orig_argv)
     if os.environ.get("PYTHONPATH"):
         command = f"PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])} {command}"
@@ -620,19 +735,26 @@ def section_body(key: str, started_at: dt.datetime, load: tuple[float, ...], bro
     nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
     cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
     model = next((x.split(":", 1)[1].strip() for x in cpuinfo if x.startswith("model name")), "?")
-    kafka = (f"Kafka {KAFKA_VERSION}, one node started by services.common.broker for this run"
-             if broker.owned else f"Kafka at {broker.bootstrap_servers} (KAFKA_BOOTSTRAP_SERVERS)")
-    return "\n".join([
-        f"### Foundation run: {key}", "",
-        f"- Date: {started_at:%Y-%m-%d %H:%M} UTC",
-        f"- Git commit: {commit or 'none (the repository has no commits yet)'}",
-        f"- Command: `{command}`",
-        f"- Machine: `nproc` = {nproc} ({model}), Python {sys.version.split()[0]}; 1-minute load "
-        f"average {load[0]:.2f} at the start and {os.getloadavg()[0]:.2f} at the end (the bench's "
-        "own processes included)",
-        f"- Broker: {kafka}; Tenure topics have {RUNS_COMMANDS.partitions} partitions, replication 1",
-        "", tables,
-    ])
+    kafka = (
+        f"Kafka {KAFKA_VERSION}, one node started by services.common.broker for this run"
+        if broker.owned
+        else f"Kafka at {broker.bootstrap_servers} (KAFKA_BOOTSTRAP_SERVERS)"
+    )
+    return "\n".join(
+        [
+            f"### Foundation run: {key}",
+            "",
+            f"- Date: {started_at:%Y-%m-%d %H:%M} UTC",
+            f"- Git commit: {commit or 'none (the repository has no commits yet)'}",
+            f"- Command: `{command}`",
+            f"- Machine: `nproc` = {nproc} ({model}), Python {sys.version.split()[0]}; 1-minute load "
+            f"average {load[0]:.2f} at the start and {os.getloadavg()[0]:.2f} at the end (the bench's "
+            "own processes included)",
+            f"- Broker: {kafka}; Tenure topics have {RUNS_COMMANDS.partitions} partitions, replication 1",
+            "",
+            tables,
+        ]
+    )
 
 
 def write_section(output: Path, key: str, body: str) -> None:
@@ -653,15 +775,21 @@ def write_section(output: Path, key: str, body: str) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.foundation", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.foundation",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--n", type=int, default=20_000, help="records in (a), commands in (b)")
     parser.add_argument("--api-clients", type=int, default=16, help="concurrent HTTP clients in (c)")
     parser.add_argument("--api-runs", type=int, default=100, help="runs each HTTP client submits in (c)")
     parser.add_argument("--probes", type=int, default=100, help="closed-loop single commands in (b)")
-    parser.add_argument("--output", default="docs/benchmarks.md",
-                        help="markdown file whose section for this configuration is replaced or appended "
-                             "('-' writes nothing)")
+    parser.add_argument(
+        "--output",
+        default="docs/benchmarks.md",
+        help="markdown file whose section for this configuration is replaced or appended "
+        "('-' writes nothing)",
+    )
     parser.add_argument("--keep-temp", action="store_true", help="keep the temp dir (service logs, stores)")
     return parser.parse_args(argv)
 
@@ -671,11 +799,19 @@ def start_services(bootstrap: str, workdir: Path, tag: str) -> tuple[list[Servic
     port, views_dir = free_port(), workdir / "views"
     coordinator_dir = workdir / "coordinator"
     return [
-        spawn("lease_coordinator", "services.lease_coordinator", coordinator_dir,
-              service_env(bootstrap, coordinator_dir, TENURE_INSTANCE_ID=f"bench-{tag}")),
+        spawn(
+            "lease_coordinator",
+            "services.lease_coordinator",
+            coordinator_dir,
+            service_env(bootstrap, coordinator_dir, TENURE_INSTANCE_ID=f"bench-{tag}"),
+        ),
         spawn("projections", "services.projections", views_dir, service_env(bootstrap, views_dir)),
-        spawn("command_api", "services.command_api", workdir / "api",
-              service_env(bootstrap, views_dir, TENURE_API_PORT=str(port))),
+        spawn(
+            "command_api",
+            "services.command_api",
+            workdir / "api",
+            service_env(bootstrap, views_dir, TENURE_API_PORT=str(port)),
+        ),
     ], port
 
 
@@ -693,10 +829,16 @@ def main(argv: list[str] | None = None) -> int:
         if broker.owned and broker.pid is not None:
             cpu.pids = {"kafka broker": broker.pid, **cpu.pids}
         else:
-            say(f"using KAFKA_BOOTSTRAP_SERVERS={bootstrap}: its CPU is not measured, and a coordinator "
-                "already running against it would share the consumer group")
-        created = subprocess.run([sys.executable, "-m", "services.tenure_cli", "topics", "create"],
-                                 env=service_env(bootstrap, workdir), capture_output=True, text=True)
+            say(
+                f"using KAFKA_BOOTSTRAP_SERVERS={bootstrap}: its CPU is not measured, and a coordinator "
+                "already running against it would share the consumer group"
+            )
+        created = subprocess.run(
+            [sys.executable, "-m", "services.tenure_cli", "topics", "create"],
+            env=service_env(bootstrap, workdir),
+            capture_output=True,
+            text=True,
+        )
         if created.returncode != 0:
             raise RuntimeError(f"topics create failed: {created.stdout}{created.stderr}")
 

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.lease_coordinator.domain.lifecycle import RunStatus
 from services.lease_coordinator.domain.run import MAX_ATTEMPTS_LIMIT, MAX_TIMEOUT_SECONDS
 
-__all__ = ["CancelRequest", "PendingCommand", "RunPage", "SubmitRunRequest"]
+__all__ = [
+    "CancelRequest",
+    "ClaimRequest",
+    "HeartbeatRequest",
+    "PendingCommand",
+    "ReportRequest",
+    "RunPage",
+    "SubmitRunRequest",
+    "TakeoverRequest",
+]
 
 
 class SubmitRunRequest(BaseModel):
@@ -43,3 +52,39 @@ class RunPage(BaseModel):
 
 
 STATUS_VALUES = [s.value for s in RunStatus]
+
+
+class ClaimRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    runnerId: str = Field(min_length=1, max_length=200, description="Who will hold the lease.")
+    holderKind: Literal["runner", "human"] = "runner"
+    capabilities: list[str] = Field(default_factory=list, max_length=50)
+    leaseSeconds: int | None = Field(default=None, ge=1, le=3600)
+    heartbeatSeconds: int | None = Field(default=None, ge=1, le=1800)
+
+
+class HeartbeatRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    leaseEpoch: int = Field(ge=1)
+    sequence: int = Field(ge=1, description="Strictly increasing per attempt; a repeat is idempotent.")
+
+
+class ReportRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    leaseEpoch: int = Field(ge=1)
+    sequence: int = Field(ge=1)
+    outcome: Literal["succeeded", "failed"]
+    errorCode: str = Field("", max_length=200)
+    detail: str = Field("", max_length=4000)
+
+
+class TakeoverRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(min_length=1, max_length=2000, description="Why the lease is taken (LEASE-6).")
+    newHolder: str = Field(min_length=1, max_length=200)
+    holderKind: Literal["runner", "human"] = "human"
+    leaseSeconds: int | None = Field(default=None, ge=1, le=3600)

@@ -93,6 +93,55 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
             "Kafka or the run views are not reachable right now; retry later.",
         ),
         ProblemType("http-error", "HTTP error", 400, "A generic HTTP error."),
+        ProblemType(
+            "forbidden",
+            "Your role may not do this",
+            403,
+            "Only principals with the operator role may take over a lease (LEASE-7).",
+        ),
+        ProblemType(
+            "run-not-claimable",
+            "The run cannot be claimed now",
+            409,
+            "Only a queued run can be claimed; someone else may hold it.",
+        ),
+        ProblemType("attempts-exhausted", "No attempts left", 409, "The run used all of maxAttempts."),
+        ProblemType(
+            "unknown-attempt",
+            "Unknown attempt",
+            409,
+            "The attempt id or epoch was never issued for this run.",
+        ),
+        ProblemType(
+            "stale-epoch",
+            "Stale fencing epoch",
+            409,
+            "A newer lease with a higher epoch exists; this holder must stop (LEASE-3).",
+        ),
+        ProblemType(
+            "sequence-not-increasing",
+            "Sequence not increasing",
+            409,
+            "Heartbeat and report sequences must increase strictly per attempt.",
+        ),
+        ProblemType(
+            "lease-expired",
+            "The lease expired",
+            409,
+            "The coordinator's clock passed the lease's expiry; the holder must stop.",
+        ),
+        ProblemType("lease-revoked", "The lease was revoked", 409, "An operator took the lease over."),
+        ProblemType("lease-released", "The lease was released", 409, "The attempt already reported."),
+        ProblemType(
+            "takeover-not-possible",
+            "Nothing to take over",
+            409,
+            "Only a preparing or running run has a lease to take over.",
+        ),
+        ProblemType(
+            "duplicate-effect", "Effect already recorded", 409, "This effect id is already recorded."
+        ),
+        ProblemType("unknown-effect", "Unknown effect", 409, "No intent was recorded for this effect."),
     )
 }
 
@@ -103,6 +152,17 @@ REJECTION_PROBLEMS = {
     "INVALID_TRANSITION": "invalid-transition",
     "IDEMPOTENCY_KEY_CONFLICT": "idempotency-key-conflict",
     "INVALID_COMMAND": "validation-failed",
+    "RUN_NOT_CLAIMABLE": "run-not-claimable",
+    "ATTEMPTS_EXHAUSTED": "attempts-exhausted",
+    "UNKNOWN_ATTEMPT": "unknown-attempt",
+    "STALE_EPOCH": "stale-epoch",
+    "SEQUENCE_NOT_INCREASING": "sequence-not-increasing",
+    "LEASE_EXPIRED": "lease-expired",
+    "LEASE_REVOKED": "lease-revoked",
+    "LEASE_RELEASED": "lease-released",
+    "TAKEOVER_NOT_POSSIBLE": "takeover-not-possible",
+    "DUPLICATE_EFFECT": "duplicate-effect",
+    "UNKNOWN_EFFECT": "unknown-effect",
 }
 
 

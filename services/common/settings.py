@@ -29,6 +29,10 @@ class TenureSettings(BaseSettings):
     decision_timeout_s: float = Field(default=5.0, gt=0, le=60)
     session_timeout_s: float = Field(default=10.0, ge=6, le=300)
     log_level: str = "INFO"
+    lease_seconds: int = Field(default=90, ge=1, le=3600, description="Default lease TTL (EXE-4).")
+    heartbeat_seconds: int = Field(default=20, ge=1, le=1800, description="Default heartbeat interval.")
+    lease_at_risk_fraction: float = Field(default=0.5, gt=0, lt=1)
+    timer_interval_s: float = Field(default=0.1, gt=0, le=5)
     framework_log_level: str = Field(default="WARNING", description="Log level of faust itself.")
 
     def bootstrap_servers(self) -> str:

@@ -10,6 +10,7 @@ from services.common.settings import TenureSettings
 from services.common.store import RocksStore
 from services.common.streams import CommandStream, StreamSettings
 from services.common.topics import RUNS_COMMANDS
+from services.lease_coordinator.domain import LeasePolicy
 from services.lease_coordinator.processor import RunCommandProcessor
 
 APP_ID = "tenure-lease-coordinator"
@@ -23,7 +24,12 @@ def main() -> None:
     store = RocksStore(home / "runs")
     # Initialising the transactional writer fences a previous incarnation before any restore.
     event_log = KafkaEventLog(bootstrap, transactional_id=f"{APP_ID}-{settings.instance_id}")
-    processor = RunCommandProcessor(event_log, store, MessageCodec(), SystemClock())
+    policy = LeasePolicy(
+        default_lease_ms=settings.lease_seconds * 1000,
+        default_heartbeat_ms=settings.heartbeat_seconds * 1000,
+        at_risk_fraction=settings.lease_at_risk_fraction,
+    )
+    processor = RunCommandProcessor(event_log, store, MessageCodec(), SystemClock(), policy)
     stream = CommandStream(
         StreamSettings(
             app_id=APP_ID,
@@ -34,10 +40,12 @@ def main() -> None:
             data_dir=home / "faust",
             session_timeout_s=settings.session_timeout_s,
             framework_log_level=settings.framework_log_level,
+            tick_interval_s=settings.timer_interval_s,
         ),
         handler=processor.handle,
         on_revoked=processor.forget_assignment,
         on_assigned=processor.restore_partitions,
+        on_tick=processor.tick,
     )
     stream.run()
 

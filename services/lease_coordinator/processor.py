@@ -1,41 +1,59 @@
 """The Run command processor: commands in, decisions out, state always equal to the log's fold.
 
 Commit order for one batch (the crash-safety argument; every step can be cut by SIGKILL):
-  1. Before the first command of a partition, restore: fold runs.events of that partition from
-     the stored checkpoint to its end into the store. The transactional writer was initialised
-     before, which fenced and aborted any half-written transaction of a previous incarnation, so
-     the fold sees exactly what was committed.
-  2. Decide every command of the batch against the restored state (pure `decide`).
+  1. Before the first command of a partition, restore: fold runs.events and runs.rejections of
+     that partition from the stored checkpoints to their end into the store. The transactional
+     writer was initialised before, which fenced and aborted any half-written transaction of a
+     previous incarnation, so the fold sees exactly what was committed.
+  2. Decide every command of the batch against the restored state (pure `decide`), or, for a
+     timer tick, every run whose timer is due (pure `decide_timers`).
   3. Commit all resulting events, rejections and dead letters in ONE Kafka transaction.
-  4. Write the new states, the refused command ids and the checkpoints of runs.events and
-     runs.rejections in ONE RocksDB write batch.
+  4. Write the new states, their timer index entries, the refused command ids and the
+     checkpoints of runs.events and runs.rejections in ONE RocksDB write batch.
   5. Only then is the batch acknowledged to the command stream (the stream runtime commits the
      command offsets after the handler returns).
 A crash before 3 leaves no trace; between 3 and 4 the next restore (step 1) folds the committed
 events and rejections; between 4 and 5 the commands are redelivered and dropped, because their
 ids are in the state (accepted) or in the refused set (rejected): a redelivered command never
-gets a second, different answer. The state never claims a command whose events are not durably on the log.
+gets a second, different answer. Batches and timer ticks never overlap (one lock).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Sequence
 
 from services.common.clock import Clock
-from services.common.contracts import COMMAND_TYPES, EVENT_TYPES, CommandRejected, RunCommand
+from services.common.contracts import COMMAND_TYPES, EVENT_TYPES, CommandRejected, RunCommand, RunEvent
 from services.common.eventlog import EventLog
 from services.common.kafka import InboundRecord, OutboundRecord
 from services.common.messages import MessageCodec, UndecodableRecord, deadletter_record
 from services.common.sequencing import Sequencing, sequence
 from services.common.store import KeyValueStore
 from services.common.topics import DEADLETTER, RUNS_EVENTS, RUNS_REJECTIONS
-from services.lease_coordinator.domain import Rejection, RunState, decide, evolve
-from services.lease_coordinator.domain.run import rejection_event
+from services.lease_coordinator.domain import (
+    DEFAULT_POLICY,
+    LeasePolicy,
+    Rejection,
+    RunState,
+    decide,
+    decide_timers,
+    evolve,
+    next_timer_at,
+    rejection_event,
+)
 from services.lease_coordinator.state_codec import decode_state, encode_state
 
-__all__ = ["BatchOutcome", "RunCommandProcessor", "checkpoint_key", "rejected_key", "state_key"]
+__all__ = [
+    "BatchOutcome",
+    "RunCommandProcessor",
+    "checkpoint_key",
+    "rejected_key",
+    "state_key",
+    "timer_key",
+]
 
 log = logging.getLogger("tenure.lease_coordinator")
 
@@ -54,6 +72,10 @@ def rejected_key(command_id: str) -> str:
     return f"rejected/{command_id}"
 
 
+def timer_key(partition: int, due_ms: int, run_id: str) -> str:
+    return f"timer/{partition}/{due_ms:013d}/{run_id}"
+
+
 @dataclass
 class BatchOutcome:
     commands: int = 0
@@ -64,68 +86,104 @@ class BatchOutcome:
     restored_events: dict[int, int] = field(default_factory=dict)
 
 
+@dataclass
+class _Changes:
+    """What one batch, tick or restore changed, persisted in one write."""
+
+    partition_of: dict[str, int] = field(default_factory=dict)
+    before: dict[str, RunState | None] = field(default_factory=dict)
+    after: dict[str, RunState] = field(default_factory=dict)
+    rejected: set[str] = field(default_factory=set)
+    checkpoints: dict[str, int] = field(default_factory=dict)
+
+    def apply(self, partition: int, before: RunState | None, event: RunEvent) -> RunState:
+        run_id = event.run_id
+        if run_id not in self.before:
+            self.before[run_id] = before
+            self.partition_of[run_id] = partition
+        state = evolve(self.after.get(run_id, before), event)
+        self.after[run_id] = state
+        return state
+
+
 class RunCommandProcessor:
-    def __init__(self, event_log: EventLog, store: KeyValueStore, codec: MessageCodec, clock: Clock) -> None:
+    def __init__(
+        self,
+        event_log: EventLog,
+        store: KeyValueStore,
+        codec: MessageCodec,
+        clock: Clock,
+        policy: LeasePolicy = DEFAULT_POLICY,
+    ) -> None:
         self._log = event_log
         self._store = store
         self._codec = codec
         self._clock = clock
+        self._policy = policy
+        self._assigned: set[int] = set()
         self._restored: set[int] = set()
+        self._lock = threading.Lock()
 
-    # --- assignment -------------------------------------------------------------------------
+    # --- assignment and restore ---------------------------------------------------------------
 
     def forget_assignment(self) -> None:
         """Partitions were revoked: whoever owned them meanwhile may have written events."""
-        self._restored.clear()
+        with self._lock:
+            self._assigned.clear()
+            self._restored.clear()
 
     def restore_partitions(self, partitions: set[int]) -> dict[int, int]:
-        return {p: self.restore(p) for p in sorted(partitions)}
+        with self._lock:
+            self._assigned |= partitions
+            return {p: self._restore(p) for p in sorted(partitions)}
+
+    def restore(self, partition: int) -> int:
+        with self._lock:
+            return self._restore(partition)
 
     def checkpoint(self, partition: int, topic: str = RUNS_EVENTS.name) -> int:
         raw = self._store.get(checkpoint_key(partition, topic))
         return int(raw) if raw is not None else 0
 
-    def restore(self, partition: int) -> int:
-        """Fold the committed events of `partition` after the checkpoint into the store.
+    def _restore(self, partition: int) -> int:
+        """Fold the committed events and rejections of `partition` after the checkpoints.
 
         Rejections are restored too: a command refused before a crash must stay refused when it
         is redelivered, even if a later command of the same batch has since changed the run.
         """
         applied = 0
-        pending: dict[str, RunState] = {}
+        changes = _Changes()
         next_offset = self.checkpoint(partition)
         for record in self._log.read(RUNS_EVENTS.name, partition, next_offset):
             next_offset = record.offset + 1
             event = self._decode_logged(record)
             if not isinstance(event, EVENT_TYPES):
                 continue
-            state = pending.get(event.run_id) or self._load(event.run_id)
+            state = changes.after.get(event.run_id) or self._load(event.run_id)
             if sequence(event.run_id, state.version if state else 0, event.version) is Sequencing.DUPLICATE:
                 continue
-            pending[event.run_id] = evolve(state, event)
+            changes.apply(partition, state, event)
             applied += 1
-            if len(pending) >= _RESTORE_FLUSH_EVERY:
-                self._persist(pending, {checkpoint_key(partition): next_offset})
-                pending = {}
-        rejected: set[str] = set()
+            if len(changes.after) >= _RESTORE_FLUSH_EVERY:
+                changes.checkpoints[checkpoint_key(partition)] = next_offset
+                self._persist(changes)
+                changes = _Changes()
         next_rejection = self.checkpoint(partition, RUNS_REJECTIONS.name)
         for record in self._log.read(RUNS_REJECTIONS.name, partition, next_rejection):
             next_rejection = record.offset + 1
             rejection = self._decode_logged(record)
             if isinstance(rejection, CommandRejected):
-                rejected.add(rejection.causation_id)
-        checkpoints = {
-            checkpoint_key(partition): next_offset,
-            checkpoint_key(partition, RUNS_REJECTIONS.name): next_rejection,
-        }
-        self._persist(pending, checkpoints, rejected)
+                changes.rejected.add(rejection.causation_id)
+        changes.checkpoints[checkpoint_key(partition)] = next_offset
+        changes.checkpoints[checkpoint_key(partition, RUNS_REJECTIONS.name)] = next_rejection
+        self._persist(changes)
         self._restored.add(partition)
-        if applied or rejected:
+        if applied or changes.rejected:
             log.info(
                 "restored partition %d: %d events and %d rejections folded, checkpoint %d",
                 partition,
                 applied,
-                len(rejected),
+                len(changes.rejected),
                 next_offset,
             )
         return applied
@@ -141,24 +199,24 @@ class RunCommandProcessor:
             )
             return None
 
-    # --- commands ---------------------------------------------------------------------------
+    # --- commands -----------------------------------------------------------------------------
 
     def handle(self, records: Sequence[InboundRecord]) -> BatchOutcome:
-        try:
-            return self._handle(records)
-        except BaseException:
-            # The commit may have landed before the failure: restore from the log before any
-            # retry instead of trusting what this process believes it wrote.
-            self._restored.clear()
-            raise
+        with self._lock:
+            try:
+                return self._handle(records)
+            except BaseException:
+                # The commit may have landed before the failure: restore from the log before
+                # any retry instead of trusting what this process believes it wrote.
+                self._restored.clear()
+                raise
 
     def _handle(self, records: Sequence[InboundRecord]) -> BatchOutcome:
         outcome = BatchOutcome()
         for partition in sorted({r.partition for r in records} - self._restored):
-            outcome.restored_events[partition] = self.restore(partition)
+            outcome.restored_events[partition] = self._restore(partition)
         now = self._clock.now_ms()
-        pending: dict[str, RunState] = {}
-        rejected: set[str] = set()
+        changes = _Changes()
         out: list[OutboundRecord] = []
         for record in records:
             outcome.commands += 1
@@ -166,35 +224,27 @@ class RunCommandProcessor:
             if command is None:
                 outcome.deadlettered += 1
                 continue
-            if command.command_id in rejected or self._store.get(rejected_key(command.command_id)):
+            if command.command_id in changes.rejected or self._store.get(rejected_key(command.command_id)):
                 outcome.duplicates += 1  # refused once, refused for good: the caller has its answer
                 continue
-            state = pending.get(command.run_id) or self._load(command.run_id)
-            decision = decide(state, command, now)
+            state = changes.after.get(command.run_id) or self._load(command.run_id)
+            decision = decide(state, command, now, self._policy)
             if isinstance(decision, Rejection):
                 refusal = rejection_event(state, command, decision, now)
                 out.append(
                     self._codec.outbound(RUNS_REJECTIONS.name, command.run_id, refusal, record.partition)
                 )
-                rejected.add(command.command_id)
+                changes.rejected.add(command.command_id)
                 outcome.rejections += 1
                 continue
             if not decision:
                 outcome.duplicates += 1
                 continue
             for event in decision:
-                state = evolve(state, event)
+                state = changes.apply(record.partition, state, event)
                 out.append(self._codec.outbound(RUNS_EVENTS.name, event.run_id, event, record.partition))
-            assert state is not None
-            pending[state.run_id] = state
             outcome.events += len(decision)
-        written = self._log.commit(out)
-        checkpoints = {
-            checkpoint_key(partition, topic): offset + 1
-            for (topic, partition), offset in written.items()
-            if topic in (RUNS_EVENTS.name, RUNS_REJECTIONS.name)
-        }
-        self._persist(pending, checkpoints, rejected)
+        self._commit(out, changes)
         return outcome
 
     def _command_of(self, record: InboundRecord, out: list[OutboundRecord]) -> RunCommand | None:
@@ -228,7 +278,45 @@ class RunCommandProcessor:
             return None
         return message  # type: ignore[no-any-return]
 
-    # --- store ------------------------------------------------------------------------------
+    # --- timers -------------------------------------------------------------------------------
+
+    def tick(self) -> int:
+        """Decide every due timer of the owned partitions (lease at-risk and expiry, LEASE-5)."""
+        with self._lock:
+            try:
+                for partition in sorted(self._assigned - self._restored):
+                    self._restore(partition)
+                return self._tick(self._clock.now_ms())
+            except BaseException:
+                self._restored.clear()
+                raise
+
+    def _tick(self, now: int) -> int:
+        changes = _Changes()
+        out: list[OutboundRecord] = []
+        for partition in sorted(self._restored):
+            for key, _ in self._store.scan(f"timer/{partition}/"):
+                _, _, due, run_id = key.split("/")
+                if int(due) > now:
+                    break
+                state = changes.after.get(run_id) or self._load(run_id)
+                if state is None:
+                    continue
+                for event in decide_timers(state, now):
+                    state = changes.apply(partition, state, event)
+                    out.append(self._codec.outbound(RUNS_EVENTS.name, run_id, event, partition))
+        if out:
+            self._commit(out, changes)
+        return len(out)
+
+    # --- store --------------------------------------------------------------------------------
+
+    def _commit(self, out: list[OutboundRecord], changes: _Changes) -> None:
+        written = self._log.commit(out)
+        for (topic, partition), offset in written.items():
+            if topic in (RUNS_EVENTS.name, RUNS_REJECTIONS.name):
+                changes.checkpoints[checkpoint_key(partition, topic)] = offset + 1
+        self._persist(changes)
 
     def _load(self, run_id: str) -> RunState | None:
         raw = self._store.get(state_key(run_id))
@@ -237,12 +325,20 @@ class RunCommandProcessor:
     def load(self, run_id: str) -> RunState | None:
         return self._load(run_id)
 
-    def _persist(
-        self, states: dict[str, RunState], checkpoints: dict[str, int], rejected: Iterable[str] = ()
-    ) -> None:
-        """States, refused command ids and the offsets they reflect: one atomic write."""
-        puts = {state_key(run_id): encode_state(s) for run_id, s in states.items()}
-        puts.update({key: str(offset).encode() for key, offset in checkpoints.items()})
-        puts.update({rejected_key(command_id): b"1" for command_id in rejected})
-        if puts:
-            self._store.write(puts)
+    def _persist(self, changes: _Changes) -> None:
+        """States, timer index, refused command ids and the offsets they reflect: one write."""
+        puts = {state_key(run_id): encode_state(s) for run_id, s in changes.after.items()}
+        deletes: list[str] = []
+        for run_id, after in changes.after.items():
+            partition = changes.partition_of[run_id]
+            old_due, new_due = next_timer_at(changes.before[run_id]), next_timer_at(after)
+            if old_due == new_due:
+                continue
+            if old_due is not None:
+                deletes.append(timer_key(partition, old_due, run_id))
+            if new_due is not None:
+                puts[timer_key(partition, new_due, run_id)] = b""
+        puts.update({key: str(offset).encode() for key, offset in changes.checkpoints.items()})
+        puts.update({rejected_key(command_id): b"1" for command_id in changes.rejected})
+        if puts or deletes:
+            self._store.write(puts, tuple(k for k in deletes if k not in puts))

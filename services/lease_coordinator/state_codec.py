@@ -6,7 +6,13 @@ import dataclasses
 import json
 from typing import Any
 
-from services.lease_coordinator.domain import RunState, RunStatus
+from services.lease_coordinator.domain import (
+    EffectRecord,
+    LeaseCertainty,
+    LeaseState,
+    RunState,
+    RunStatus,
+)
 
 __all__ = ["decode_state", "encode_state"]
 
@@ -14,12 +20,19 @@ __all__ = ["decode_state", "encode_state"]
 def encode_state(state: RunState) -> bytes:
     data: dict[str, Any] = dataclasses.asdict(state)
     data["status"] = state.status.value
-    data["handled_commands"] = sorted(state.handled_commands)
+    data["handled_commands"] = list(state.handled_commands)
+    if state.lease is not None:
+        data["lease"]["certainty"] = state.lease.certainty.value
     return json.dumps(data, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 
 def decode_state(raw: bytes) -> RunState:
     data = json.loads(raw)
     data["status"] = RunStatus(data["status"])
-    data["handled_commands"] = frozenset(data["handled_commands"])
+    data["handled_commands"] = tuple(data["handled_commands"])
+    lease = data.get("lease")
+    if lease is not None:
+        lease["certainty"] = LeaseCertainty(lease["certainty"])
+        data["lease"] = LeaseState(**lease)
+    data["effects"] = tuple(EffectRecord(**e) for e in data.get("effects", ()))
     return RunState(**data)

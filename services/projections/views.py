@@ -1,14 +1,37 @@
-"""The Run view: what an operator or a caller sees of a run, folded from its events (pure)."""
+"""The Run view: what an operator or a caller sees of a run, folded from its events (pure).
+
+Besides status and history it carries the lease record of LEASE-2: lease id, work id, holder,
+issue time, every renewal, the expiry rule, the certainty state, a takeover's reason and
+evidence, the fencing epoch, and the effects attempted under the lease.
+"""
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
-from services.common.contracts import RunCancelled, RunEvent, RunSubmitted
+from services.common.contracts import (
+    AttemptClaimed,
+    AttemptReported,
+    EffectIntentRecorded,
+    EffectOutcomeRecorded,
+    LeaseAtRisk,
+    LeaseExpired,
+    LeaseRenewed,
+    LeaseTakenOver,
+    RunCancelled,
+    RunEvent,
+    RunRequeued,
+    RunSubmitted,
+    to_record,
+)
 from services.common.sequencing import Sequencing, sequence
 
 __all__ = ["apply_event", "decode_view", "encode_view", "history_entry"]
+
+_HEADER_FIELDS = {"eventId", "runId", "version", "occurredAt", "causationId", "correlationId", "actor"}
+_BULKY_FIELDS = {"executionSpec"}
 
 
 def history_entry(event: RunEvent) -> dict[str, Any]:
@@ -24,7 +47,150 @@ def history_entry(event: RunEvent) -> dict[str, Any]:
     if isinstance(event, RunCancelled):
         entry["reason"] = event.reason
         entry["fromStatus"] = event.previous_status
+    elif not isinstance(event, RunSubmitted):
+        entry["details"] = {
+            k: v for k, v in to_record(event).items() if k not in _HEADER_FIELDS | _BULKY_FIELDS
+        }
     return entry
+
+
+def _new_lease(event: AttemptClaimed | LeaseTakenOver) -> dict[str, Any]:
+    return {
+        "leaseId": event.lease_id,
+        "workId": event.run_id,
+        "attemptId": event.attempt_id,
+        "holder": event.holder,
+        "holderKind": event.holder_kind,
+        "epoch": event.epoch,
+        "issuedAt": event.occurred_at,
+        "expiresAt": event.expires_at,
+        "expiryRule": {
+            "leaseSeconds": event.lease_seconds,
+            "heartbeatSeconds": event.heartbeat_seconds,
+            "atRiskAfterMs": event.at_risk_after_ms,
+            "clock": "coordinator",
+        },
+        "certainty": "active",
+        "certaintyChangedAt": event.occurred_at,
+        "renewals": [],
+        "takeoverReason": None,
+        "takeoverEvidence": None,
+        "endedAt": None,
+        "effects": [],
+    }
+
+
+def _lease_for_epoch(view: dict[str, Any], epoch: int) -> dict[str, Any] | None:
+    lease = view.get("lease")
+    if lease is not None and lease["epoch"] == epoch:
+        return lease  # type: ignore[no-any-return]
+    return next((old for old in view["leaseHistory"] if old["epoch"] == epoch), None)
+
+
+def _set_certainty(lease: dict[str, Any], certainty: str, at: int) -> None:
+    lease["certainty"] = certainty
+    lease["certaintyChangedAt"] = at
+    if certainty in ("expired", "revoked", "released"):
+        lease["endedAt"] = at
+
+
+def _apply_lease_event(view: dict[str, Any], event: RunEvent) -> None:
+    lease = view.get("lease")
+    at = event.occurred_at
+    if isinstance(event, AttemptClaimed):
+        if lease is not None:
+            view["leaseHistory"].append(lease)
+        view["lease"] = _new_lease(event)
+        view["status"], view["statusReason"] = "preparing", f"claimed by {event.holder}"
+        view["attempts"].append(
+            {
+                "attemptId": event.attempt_id,
+                "attemptNumber": event.attempt_number,
+                "epoch": event.epoch,
+                "holder": event.holder,
+                "claimedAt": at,
+                "outcome": None,
+            }
+        )
+    elif isinstance(event, LeaseRenewed):
+        assert lease is not None
+        lease["renewals"].append({"sequence": event.sequence, "at": at, "expiresAt": event.expires_at})
+        lease["expiresAt"] = event.expires_at
+        if lease["certainty"] != "active":
+            _set_certainty(lease, "active", at)
+        if event.run_started:
+            view["status"], view["statusReason"] = "running", None
+    elif isinstance(event, LeaseAtRisk):
+        assert lease is not None
+        _set_certainty(lease, "at_risk", at)
+    elif isinstance(event, LeaseExpired):
+        assert lease is not None
+        _set_certainty(lease, "expired", at)
+        view["status"] = "interrupted"
+        view["statusReason"] = (
+            f"LEASE_EXPIRED: lease {event.lease_id} expired at {event.expires_at}, decided at {at}"
+        )
+    elif isinstance(event, RunRequeued):
+        view["status"] = "queued"
+        view["statusReason"] = (
+            f"requeued after {event.reason}: {event.attempts_used} attempt(s) used, "
+            f"{event.attempts_remaining} left"
+        )
+    elif isinstance(event, LeaseTakenOver):
+        assert lease is not None
+        _set_certainty(lease, "revoked", at)
+        view["leaseHistory"].append(lease)
+        new = _new_lease(event)
+        new["takeoverReason"] = event.reason
+        new["takeoverEvidence"] = {
+            "previousHolder": event.previous_holder,
+            "previousEpoch": event.previous_epoch,
+            "previousLeaseId": event.previous_lease_id,
+            "lastRenewalAt": event.last_renewal_at,
+            "lastSequence": event.last_sequence,
+            "effectsAttempted": list(event.effects_attempted),
+            "by": event.actor,
+        }
+        view["lease"] = new
+        view["attempts"].append(
+            {
+                "attemptId": event.attempt_id,
+                "attemptNumber": None,
+                "epoch": event.epoch,
+                "holder": event.holder,
+                "claimedAt": at,
+                "outcome": None,
+                "takeover": True,
+            }
+        )
+    elif isinstance(event, AttemptReported):
+        assert lease is not None
+        _set_certainty(lease, "released", at)
+        view["status"] = event.outcome
+        view["statusReason"] = event.error_code or event.detail or None
+        for attempt in view["attempts"]:
+            if attempt["attemptId"] == event.attempt_id:
+                attempt["outcome"] = event.outcome
+    elif isinstance(event, EffectIntentRecorded):
+        owner = _lease_for_epoch(view, event.epoch)
+        assert owner is not None
+        owner["effects"].append(
+            {
+                "effectId": event.effect_id,
+                "idempotencyKey": event.idempotency_key,
+                "tool": event.tool,
+                "operation": event.operation,
+                "epoch": event.epoch,
+                "status": "intended",
+                "recordedAt": at,
+            }
+        )
+    elif isinstance(event, EffectOutcomeRecorded):
+        owner = _lease_for_epoch(view, event.epoch)
+        assert owner is not None
+        for effect in owner["effects"]:
+            if effect["effectId"] == event.effect_id:
+                effect["status"], effect["detail"], effect["decidedAt"] = event.outcome, event.detail, at
 
 
 def apply_event(view: dict[str, Any] | None, event: RunEvent) -> dict[str, Any] | None:
@@ -37,7 +203,7 @@ def apply_event(view: dict[str, Any] | None, event: RunEvent) -> dict[str, Any] 
     if sequence(event.run_id, current, event.version) is Sequencing.DUPLICATE:
         return None
     if isinstance(event, RunSubmitted):
-        new: dict[str, Any] = {
+        return {
             "runId": event.run_id,
             "tenant": event.tenant,
             "status": "queued",
@@ -53,23 +219,26 @@ def apply_event(view: dict[str, Any] | None, event: RunEvent) -> dict[str, Any] 
             "queueReservationId": event.queue_reservation_id,
             "attempts": [],
             "lease": None,
+            "leaseHistory": [],
             "submittedAt": event.occurred_at,
             "updatedAt": event.occurred_at,
             "submittedBy": event.actor,
             "history": [history_entry(event)],
         }
-        return new
     if view is None:
         raise ValueError(f"{type(event).__name__} {event.event_id} arrived before run {event.run_id} exists")
-    new = dict(view)
+    new = copy.deepcopy(view)
+    new.setdefault("leaseHistory", [])
     new["version"] = event.version
     new["updatedAt"] = event.occurred_at
-    new["history"] = [*view["history"], history_entry(event)]
+    new["history"].append(history_entry(event))
     if isinstance(event, RunCancelled):
         new["status"] = "cancelled"
         new["statusReason"] = event.reason or "cancelled by request"
         if event.reservation_released:
             new["queueReservationId"] = None
+    else:
+        _apply_lease_event(new, event)
     return new
 
 

@@ -30,6 +30,9 @@ SERVICES = (
     ("lease-coordinator", "services.lease_coordinator"),
     ("projections", "services.projections"),
     ("command-api", "services.command_api"),
+    ("effect-gateway", "services.effect_gateway"),
+    # The reference fenced resource, so the walkthrough has a recipient that checks epochs.
+    ("fenced-ledger", "services.fenced_ledger"),
 )
 
 
@@ -100,8 +103,12 @@ def up(args: argparse.Namespace) -> int:
         _spawn(child, env)
         if child.name == "projections":
             time.sleep(1.0)  # the API opens the views store the projector creates
+    gateway = env.get("TENURE_GATEWAY_PORT", "8200")
+    ledger = env.get("TENURE_LEDGER_PORT", "9100")
     print(
         f"Tenure is up.\n  API      http://{settings.api_host}:{port}  (OpenAPI: /docs)\n"
+        f"  Gateway  http://{settings.api_host}:{gateway}  (effects under a lease)\n"
+        f"  Ledger   http://127.0.0.1:{ledger}  (reference fenced resource)\n"
         f"  Kafka    {bootstrap}\n  State    {settings.state_dir}\nPress Ctrl-C to stop.",
         flush=True,
     )

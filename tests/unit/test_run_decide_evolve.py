@@ -100,7 +100,7 @@ def test_submit_records_the_run_with_its_queue_reservation_exe_2() -> None:
     state = evolve(None, event)
     assert state.status is RunStatus.QUEUED
     assert state.queue_reservation_id == event.queue_reservation_id
-    assert state.handled_commands == {command.command_id}
+    assert state.handled_commands == (command.command_id,)
 
 
 def test_submit_is_deterministic_same_command_same_state_same_events_exe_2() -> None:
@@ -230,7 +230,7 @@ def test_cancel_of_a_queued_run_ends_it_and_releases_the_reservation_exe_7() -> 
     assert after.status is RunStatus.CANCELLED
     assert after.queue_reservation_id is None
     assert after.version == 2
-    assert after.handled_commands == state.handled_commands | {command.command_id}
+    assert after.handled_commands == (*state.handled_commands, command.command_id)
     assert decide(state, command, NOW + 10) == (event,), "deterministic, like submit"
 
 
@@ -251,8 +251,13 @@ def test_cancel_of_a_terminal_run_is_run_already_terminal() -> None:
 
 @pytest.mark.parametrize(
     "status",
-    [RunStatus.PREPARING, RunStatus.RUNNING, RunStatus.CANCELLING, RunStatus.WAITING_INPUT,
-     RunStatus.INTERRUPTED],
+    [
+        RunStatus.PREPARING,
+        RunStatus.RUNNING,
+        RunStatus.CANCELLING,
+        RunStatus.WAITING_INPUT,
+        RunStatus.INTERRUPTED,
+    ],
     ids=lambda s: s.value,
 )
 def test_cancel_of_a_live_non_queued_run_is_not_decided_at_once_exe_7(status: RunStatus) -> None:
@@ -414,7 +419,7 @@ def _assert_invariants(run: _Run) -> None:
         state = run.states[run_id]
         causes = {e.causation_id for e in events}
         assert causes <= run.decided, "every event is caused by a command that was handled"
-        assert causes == state.handled_commands
+        assert causes == set(state.handled_commands)
         assert (state.queue_reservation_id is None) == (state.status is RunStatus.CANCELLED)
 
 
@@ -547,4 +552,3 @@ class RunAggregateMachine(RuleBasedStateMachine):
 
 TestRunAggregateMachine = RunAggregateMachine.TestCase
 TestRunAggregateMachine.settings = settings(max_examples=60, stateful_step_count=25, deadline=None)
-

@@ -125,8 +125,10 @@ def test_after_handle_state_equals_fold_of_the_log_and_checkpoint_follows_dur_1(
     assert_state_is_fold_of_log_dur_1(log, store)
 
     clock.advance(1_000)
-    second = [topic.record(cancel_command(run_id_for(*slot), command_id=f"c-{i}"))
-              for i, slot in enumerate(slots[:3])]
+    second = [
+        topic.record(cancel_command(run_id_for(*slot), command_id=f"c-{i}"))
+        for i, slot in enumerate(slots[:3])
+    ]
     outcome = processor.handle(second)
     assert outcome.events == 3
     assert_log_is_well_formed(log)
@@ -311,8 +313,10 @@ def test_crash_i_commit_fails_nothing_in_the_log_store_unchanged_retry_works_dur
     processor.handle([topic.record(submit_command("acme", "k1", command_id="s-0"))])
     before_store, before_log = snapshot(store), {k: list(v) for k, v in log.topics.items()}
 
-    batch = [topic.record(submit_command("acme", "k2", command_id="s-1")),
-             topic.record(cancel_command(run_id_for("acme", "k1")))]
+    batch = [
+        topic.record(submit_command("acme", "k2", command_id="s-1")),
+        topic.record(cancel_command(run_id_for("acme", "k1"))),
+    ]
     log.fail_next_commit = True
     with pytest.raises(ConnectionError):
         processor.handle(batch)
@@ -413,8 +417,10 @@ def test_a_rejected_command_redelivered_after_a_crash_gets_the_same_answer_dur_1
     """
     topic = CommandTopic()
     run_id = run_id_for("acme", "k1")
-    batch = [topic.record(cancel_command(run_id, command_id="c-early")),
-             topic.record(submit_command("acme", "k1", command_id="s-1"))]
+    batch = [
+        topic.record(cancel_command(run_id, command_id="c-early")),
+        topic.record(submit_command("acme", "k1", command_id="s-1")),
+    ]
 
     calm_log, calm_store = MemoryEventLog(), MemoryStore()
     new_processor(calm_log, calm_store).handle(batch)
@@ -444,7 +450,7 @@ def _batches(records: list[InboundRecord], sizes: list[int]) -> list[list[Inboun
     for size in sizes:
         if start >= len(records):
             break
-        batches.append(records[start:start + size])
+        batches.append(records[start : start + size])
         start += size
     if start < len(records):
         batches.append(records[start:])
@@ -487,8 +493,10 @@ def _run_with_crashes(
 
 _CRASH_PLANS = st.lists(st.sampled_from((None, None, *CRASH_POINTS)), max_size=12)
 _BATCH_SIZES = st.lists(st.integers(min_value=1, max_value=6), min_size=1, max_size=8)
-_CANCEL_BEFORE_SUBMIT = [cancel_command(run_id_for("acme", "key-1"), command_id="cmd-0"),
-                         submit_command("acme", "key-1", command_id="cmd-1")]
+_CANCEL_BEFORE_SUBMIT = [
+    cancel_command(run_id_for("acme", "key-1"), command_id="cmd-0"),
+    submit_command("acme", "key-1", command_id="cmd-1"),
+]
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -524,8 +532,11 @@ def test_the_crash_harness_really_crashes_at_each_step() -> None:
     """Guard for the property above: each crash point leaves the disk where the docstring says."""
     commands = [submit_command("acme", "k1", command_id="s-1")]
     run_id = commands[0].run_id
-    for crash, runs_on_disk, checkpoint in (("before_commit", 0, b"0"), ("after_commit", 0, b"0"),
-                                            ("after_store_write", 1, b"1")):
+    for crash, runs_on_disk, checkpoint in (
+        ("before_commit", 0, b"0"),
+        ("after_commit", 0, b"0"),
+        ("after_store_write", 1, b"1"),
+    ):
         topic = CommandTopic()
         [record] = [topic.record(c) for c in commands]
         disk, log = MemoryStore(), MemoryEventLog()

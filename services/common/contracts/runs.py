@@ -2,6 +2,7 @@
 
 Field names are snake_case here and camelCase on the wire (the Avro schemas in schemas/runs);
 `to_record`/`from_record` translate one to the other so no other module spells a wire name.
+Avro maps are read-only mappings here and Avro arrays are tuples, so values stay immutable.
 """
 
 from __future__ import annotations
@@ -15,13 +16,28 @@ from typing import Any, Mapping, Union
 __all__ = [
     "COMMAND_TYPES",
     "EVENT_TYPES",
+    "AttemptClaimed",
+    "AttemptReported",
     "CancelRun",
+    "ClaimRun",
     "CommandRejected",
+    "EffectIntentRecorded",
+    "EffectOutcomeRecorded",
+    "LeaseAtRisk",
+    "LeaseExpired",
+    "LeaseRenewed",
+    "LeaseTakenOver",
+    "RecordEffectIntent",
+    "RecordEffectOutcome",
+    "RenewLease",
+    "ReportAttempt",
     "RunCancelled",
     "RunCommand",
     "RunEvent",
+    "RunRequeued",
     "RunSubmitted",
     "SubmitRun",
+    "TakeOverLease",
     "from_record",
     "full_name_of",
     "to_record",
@@ -59,7 +75,81 @@ class CancelRun(_CommandBase):
     reason: str = ""
 
 
-RunCommand = Union[SubmitRun, CancelRun]
+@dataclass(frozen=True, kw_only=True)
+class ClaimRun(_CommandBase):
+    """A runner or human asks for a queued Run; 0 seconds means the deployment default."""
+
+    runner_id: str
+    holder_kind: str = "runner"
+    capabilities: tuple[str, ...] = ()
+    lease_seconds: int = 0
+    heartbeat_seconds: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class RenewLease(_CommandBase):
+    """The holder's heartbeat, fenced by attempt id and lease epoch (EXE-4)."""
+
+    attempt_id: str
+    lease_epoch: int
+    sequence: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReportAttempt(_CommandBase):
+    """The holder's terminal report of its Attempt: outcome "succeeded" or "failed"."""
+
+    attempt_id: str
+    lease_epoch: int
+    sequence: int
+    outcome: str
+    error_code: str = ""
+    detail: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TakeOverLease(_CommandBase):
+    """Revoke the current lease and issue a new one to `new_holder` (LEASE-6, LEASE-7)."""
+
+    reason: str
+    new_holder: str
+    holder_kind: str = "runner"
+    lease_seconds: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecordEffectIntent(_CommandBase):
+    """The holder announces an external effect before causing it (intent before action)."""
+
+    attempt_id: str
+    lease_epoch: int
+    effect_id: str
+    idempotency_key: str
+    tool: str
+    operation: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecordEffectOutcome(_CommandBase):
+    """How an announced effect ended: "committed", "failed" or "unknown"."""
+
+    attempt_id: str
+    lease_epoch: int
+    effect_id: str
+    outcome: str
+    detail: str = ""
+
+
+RunCommand = Union[
+    SubmitRun,
+    CancelRun,
+    ClaimRun,
+    RenewLease,
+    ReportAttempt,
+    TakeOverLease,
+    RecordEffectIntent,
+    RecordEffectOutcome,
+]
 
 # --- events ---------------------------------------------------------------------------------
 
@@ -95,7 +185,141 @@ class RunCancelled(_EventBase):
     reservation_released: bool
 
 
-RunEvent = Union[RunSubmitted, RunCancelled]
+@dataclass(frozen=True, kw_only=True)
+class AttemptClaimed(_EventBase):
+    """A new Attempt and its lease, issued together; `expires_at` is epoch millis."""
+
+    attempt_id: str
+    attempt_number: int
+    lease_id: str
+    epoch: int
+    holder: str
+    holder_kind: str
+    capabilities: tuple[str, ...]
+    lease_seconds: int
+    heartbeat_seconds: int
+    at_risk_after_ms: int
+    expires_at: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseRenewed(_EventBase):
+    """An accepted heartbeat; `run_started` when it moved the Run preparing -> running."""
+
+    attempt_id: str
+    lease_id: str
+    epoch: int
+    sequence: int
+    expires_at: int
+    run_started: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseAtRisk(_EventBase):
+    """No renewal for the lease's at-risk interval: jeopardy, not yet expiry (LEASE-4)."""
+
+    attempt_id: str
+    lease_id: str
+    epoch: int
+    last_renewal_at: int
+    expires_at: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseExpired(_EventBase):
+    """The lease passed `expires_at` (the rule's deadline; `occurred_at` is the timer's decision)."""
+
+    attempt_id: str
+    lease_id: str
+    epoch: int
+    expires_at: int
+    last_renewal_at: int
+    last_sequence: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRequeued(_EventBase):
+    """The Run went back to the queue for another Attempt, e.g. reason "LEASE_EXPIRED"."""
+
+    reason: str
+    attempts_used: int
+    attempts_remaining: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseTakenOver(_EventBase):
+    """The previous lease revoked and a new one issued with a higher epoch, and why."""
+
+    previous_attempt_id: str
+    previous_lease_id: str
+    previous_epoch: int
+    previous_holder: str
+    attempt_id: str
+    lease_id: str
+    epoch: int
+    holder: str
+    holder_kind: str
+    reason: str
+    last_renewal_at: int
+    last_sequence: int
+    effects_attempted: tuple[str, ...]
+    lease_seconds: int
+    heartbeat_seconds: int
+    at_risk_after_ms: int
+    expires_at: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttemptReported(_EventBase):
+    """The holder's accepted terminal report of its Attempt."""
+
+    attempt_id: str
+    lease_id: str
+    epoch: int
+    sequence: int
+    outcome: str
+    error_code: str
+    detail: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class EffectIntentRecorded(_EventBase):
+    """An external effect announced under a lease before it was caused."""
+
+    attempt_id: str
+    lease_id: str
+    epoch: int
+    effect_id: str
+    idempotency_key: str
+    tool: str
+    operation: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class EffectOutcomeRecorded(_EventBase):
+    """The recorded outcome of an announced effect."""
+
+    attempt_id: str
+    lease_id: str
+    epoch: int
+    effect_id: str
+    outcome: str
+    detail: str
+
+
+RunEvent = Union[
+    RunSubmitted,
+    RunCancelled,
+    AttemptClaimed,
+    LeaseRenewed,
+    LeaseAtRisk,
+    LeaseExpired,
+    RunRequeued,
+    LeaseTakenOver,
+    AttemptReported,
+    EffectIntentRecorded,
+    EffectOutcomeRecorded,
+]
 
 # --- rejections -----------------------------------------------------------------------------
 
@@ -119,18 +343,37 @@ class CommandRejected:
 
 # --- wire mapping ---------------------------------------------------------------------------
 
+COMMAND_TYPES: tuple[type[Any], ...] = (
+    SubmitRun,
+    CancelRun,
+    ClaimRun,
+    RenewLease,
+    ReportAttempt,
+    TakeOverLease,
+    RecordEffectIntent,
+    RecordEffectOutcome,
+)
+EVENT_TYPES: tuple[type[Any], ...] = (
+    RunSubmitted,
+    RunCancelled,
+    AttemptClaimed,
+    LeaseRenewed,
+    LeaseAtRisk,
+    LeaseExpired,
+    RunRequeued,
+    LeaseTakenOver,
+    AttemptReported,
+    EffectIntentRecorded,
+    EffectOutcomeRecorded,
+)
 _NAMESPACE_BY_TYPE: dict[type[Any], str] = {
-    SubmitRun: _COMMANDS_NS,
-    CancelRun: _COMMANDS_NS,
-    RunSubmitted: _EVENTS_NS,
-    RunCancelled: _EVENTS_NS,
+    **{cls: _COMMANDS_NS for cls in COMMAND_TYPES},
+    **{cls: _EVENTS_NS for cls in EVENT_TYPES},
     CommandRejected: _REJECTIONS_NS,
 }
 _TYPE_BY_FULL_NAME: dict[str, type[Any]] = {
     f"{ns}.{cls.__name__}": cls for cls, ns in _NAMESPACE_BY_TYPE.items()
 }
-COMMAND_TYPES: tuple[type[Any], ...] = (SubmitRun, CancelRun)
-EVENT_TYPES: tuple[type[Any], ...] = (RunSubmitted, RunCancelled)
 
 _CAMEL_BOUNDARY = re.compile(r"_([a-z])")
 _SNAKE_BOUNDARY = re.compile(r"([A-Z])")
@@ -150,19 +393,35 @@ def full_name_of(message: object) -> str:
     return f"{_NAMESPACE_BY_TYPE[cls]}.{cls.__name__}"
 
 
+def _to_wire(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def _from_wire(value: Any) -> Any:
+    # Read-only containers keep decoded values immutable, and tuples keep them hashable.
+    if isinstance(value, Mapping):
+        return MappingProxyType(dict(value))
+    if isinstance(value, list):
+        return tuple(value)
+    return value
+
+
 def to_record(message: object) -> dict[str, Any]:
-    """The Avro record (camelCase dict) of a contract value."""
+    """The Avro record (camelCase dict; maps as dicts, arrays as lists) of a contract value."""
     if not dataclasses.is_dataclass(message) or isinstance(message, type):
         raise TypeError(f"not a contract value: {message!r}")
-    record: dict[str, Any] = {}
-    for f in dataclasses.fields(message):
-        value = getattr(message, f.name)
-        record[_to_camel(f.name)] = dict(value) if isinstance(value, Mapping) else value
-    return record
+    return {_to_camel(f.name): _to_wire(getattr(message, f.name)) for f in dataclasses.fields(message)}
 
 
 def from_record(full_name: str, record: Mapping[str, Any]) -> Any:
-    """The contract value for a decoded Avro record; unknown wire fields are ignored."""
+    """The contract value for a decoded Avro record; unknown wire fields are ignored.
+
+    Maps become read-only mappings and arrays become tuples, so the value stays immutable.
+    """
     try:
         cls = _TYPE_BY_FULL_NAME[full_name]
     except KeyError:
@@ -172,5 +431,5 @@ def from_record(full_name: str, record: Mapping[str, Any]) -> Any:
     for key, value in record.items():
         name = _to_snake(key)
         if name in names:
-            kwargs[name] = MappingProxyType(dict(value)) if isinstance(value, Mapping) else value
+            kwargs[name] = _from_wire(value)
     return cls(**kwargs)

@@ -43,6 +43,8 @@ class StreamSettings:
     batch_size: int = 200
     batch_window_s: float = 0.005
     handler_attempts: int = 5
+    # How often timer work (lease expiry) runs: bounds how late an expiry is recorded.
+    tick_interval_s: float = 0.1
     # faust's own chatter; raise to INFO/DEBUG when diagnosing rebalances.
     framework_log_level: str = "WARNING"
 
@@ -54,11 +56,13 @@ class CommandStream:
         handler: BatchHandler,
         on_revoked: Callable[[], None],
         on_assigned: Callable[[set[int]], object],
+        on_tick: Callable[[], object] | None = None,
     ) -> None:
         self._settings = settings
         self._handler = handler
         self._on_revoked = on_revoked
         self._on_assigned = on_assigned
+        self._on_tick = on_tick
         self.app = self._build_app()
 
     def _build_app(self) -> faust.App:
@@ -110,7 +114,22 @@ class CommandStream:
                 await asyncio.to_thread(self._handle_or_die, records)
 
         app.agent(topic, name=f"{s.app_id}.process")(process)
+        if self._on_tick is not None:
+            on_tick = self._on_tick
+
+            async def tick() -> None:
+                await asyncio.to_thread(self._call_or_die, on_tick)
+
+            app.timer(s.tick_interval_s, on_leader=False)(tick)
         return app
+
+    def _call_or_die(self, work: Callable[[], object]) -> None:
+        try:
+            work()
+        except Exception:
+            # Same rule as for batches: never carry on with state this process cannot trust.
+            log.critical("timer work failed; exiting so a fresh incarnation restores", exc_info=True)
+            os._exit(_EXIT_HANDLER_FAILED)
 
     def _handle_or_die(self, records: list[InboundRecord]) -> None:
         delay = 0.1

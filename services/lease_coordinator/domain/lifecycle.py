@@ -11,10 +11,13 @@ from types import MappingProxyType
 from typing import Mapping
 
 __all__ = [
+    "LEASE_TRANSITIONS",
     "TERMINAL_STATUSES",
     "TRANSITIONS",
     "IllegalTransition",
+    "LeaseCertainty",
     "RunStatus",
+    "check_lease_transition",
     "check_transition",
     "is_allowed",
 ]
@@ -72,4 +75,35 @@ def is_allowed(source: RunStatus, target: RunStatus) -> bool:
 def check_transition(source: RunStatus, target: RunStatus) -> RunStatus:
     if not is_allowed(source, target):
         raise IllegalTransition(source, target)
+    return target
+
+
+class LeaseCertainty(StrEnum):
+    """How sure the coordinator is that the holder still holds its lease (LEASE-2, LEASE-5)."""
+
+    ACTIVE = "active"
+    AT_RISK = "at_risk"
+    EXPIRED = "expired"
+    REVOKED = "revoked"
+    RELEASED = "released"
+
+
+_C = LeaseCertainty
+
+LEASE_TRANSITIONS: Mapping[LeaseCertainty, frozenset[LeaseCertainty]] = MappingProxyType(
+    {
+        # Missed renewals past a fraction of the TTL make a lease at risk; a renewal restores it.
+        _C.ACTIVE: frozenset({_C.AT_RISK, _C.EXPIRED, _C.REVOKED, _C.RELEASED}),
+        _C.AT_RISK: frozenset({_C.ACTIVE, _C.EXPIRED, _C.REVOKED, _C.RELEASED}),
+        # An ended lease never comes back: a new holder gets a new lease with a higher epoch.
+        _C.EXPIRED: frozenset(),
+        _C.REVOKED: frozenset(),
+        _C.RELEASED: frozenset(),
+    }
+)
+
+
+def check_lease_transition(source: LeaseCertainty, target: LeaseCertainty) -> LeaseCertainty:
+    if target is not source and target not in LEASE_TRANSITIONS[source]:
+        raise ValueError(f"a lease cannot go from {source.value} to {target.value}")
     return target

@@ -9,25 +9,47 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Iterable, Union
+from typing import Iterable
 
 from services.common.contracts import (
     CancelRun,
+    ClaimRun,
     CommandRejected,
+    LeaseRenewed,
+    RecordEffectIntent,
+    RecordEffectOutcome,
+    RenewLease,
+    ReportAttempt,
     RunCancelled,
     RunCommand,
     RunEvent,
     RunSubmitted,
     SubmitRun,
+    TakeOverLease,
 )
 from services.common.ids import canonical_json, derived_id, run_id_for, sha256_digest
 from services.common.sequencing import Sequencing, sequence
+from services.lease_coordinator.domain.lease import (
+    decide_claim,
+    decide_effect_intent,
+    decide_effect_outcome,
+    decide_renew,
+    decide_report,
+    decide_takeover,
+    evolve_lease,
+)
 from services.lease_coordinator.domain.lifecycle import (
     TERMINAL_STATUSES,
     RunStatus,
     check_transition,
+)
+from services.lease_coordinator.domain.state import (
+    DEFAULT_POLICY,
+    Decision,
+    LeasePolicy,
+    Rejection,
+    RejectionCode,
+    RunState,
 )
 
 __all__ = [
@@ -47,53 +69,32 @@ MAX_ATTEMPTS_LIMIT = 10
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
 
 
-class RejectionCode(StrEnum):
-    INVALID_COMMAND = "INVALID_COMMAND"
-    RUN_ID_MISMATCH = "RUN_ID_MISMATCH"
-    IDEMPOTENCY_KEY_CONFLICT = "IDEMPOTENCY_KEY_CONFLICT"
-    RUN_NOT_FOUND = "RUN_NOT_FOUND"
-    RUN_ALREADY_TERMINAL = "RUN_ALREADY_TERMINAL"
-    INVALID_TRANSITION = "INVALID_TRANSITION"
-
-
-@dataclass(frozen=True)
-class Rejection:
-    code: RejectionCode
-    detail: str
-
-
-Decision = Union[tuple[RunEvent, ...], Rejection]
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunState:
-    run_id: str
-    version: int
-    status: RunStatus
-    tenant: str
-    idempotency_key: str
-    execution_spec: str
-    spec_digest: str
-    retry_safe: bool
-    timeout_seconds: int
-    max_attempts: int
-    submitted_at: int
-    # The queue place and budget reserved at submission (EXE-2); None once released.
-    queue_reservation_id: str | None
-    # Commands already decided for this run: a redelivered command yields no new events.
-    handled_commands: frozenset[str] = field(default_factory=frozenset)
-
-
 # --- decide -----------------------------------------------------------------------------------
 
 
-def decide(state: RunState | None, command: RunCommand, now_ms: int) -> Decision:
+def decide(
+    state: RunState | None, command: RunCommand, now_ms: int, policy: LeasePolicy = DEFAULT_POLICY
+) -> Decision:
     if state is not None and command.command_id in state.handled_commands:
         return ()
     if isinstance(command, SubmitRun):
         return _decide_submit(state, command, now_ms)
+    if state is None:
+        return Rejection(RejectionCode.RUN_NOT_FOUND, f"run {command.run_id} does not exist")
     if isinstance(command, CancelRun):
         return _decide_cancel(state, command, now_ms)
+    if isinstance(command, ClaimRun):
+        return decide_claim(state, command, now_ms, policy)
+    if isinstance(command, RenewLease):
+        return decide_renew(state, command, now_ms)
+    if isinstance(command, ReportAttempt):
+        return decide_report(state, command, now_ms)
+    if isinstance(command, TakeOverLease):
+        return decide_takeover(state, command, now_ms, policy)
+    if isinstance(command, RecordEffectIntent):
+        return decide_effect_intent(state, command, now_ms)
+    if isinstance(command, RecordEffectOutcome):
+        return decide_effect_outcome(state, command, now_ms)
     raise TypeError(f"not a Run command: {command!r}")
 
 
@@ -166,9 +167,7 @@ def _decide_submit(state: RunState | None, command: SubmitRun, now_ms: int) -> D
     )
 
 
-def _decide_cancel(state: RunState | None, command: CancelRun, now_ms: int) -> Decision:
-    if state is None:
-        return Rejection(RejectionCode.RUN_NOT_FOUND, f"run {command.run_id} does not exist")
+def _decide_cancel(state: RunState, command: CancelRun, now_ms: int) -> Decision:
     if state.status in TERMINAL_STATUSES:
         return Rejection(
             RejectionCode.RUN_ALREADY_TERMINAL,
@@ -243,21 +242,32 @@ def evolve(state: RunState | None, event: RunEvent) -> RunState:
             max_attempts=event.max_attempts,
             submitted_at=event.occurred_at,
             queue_reservation_id=event.queue_reservation_id,
-            handled_commands=frozenset({event.causation_id}),
+            handled_commands=(event.causation_id,),
         )
     if state is None:
         raise ValueError(f"event {event.event_id} refers to run {event.run_id} before it exists")
     if event.run_id != state.run_id:
         raise ValueError(f"event {event.event_id} of run {event.run_id} applied to run {state.run_id}")
     if isinstance(event, RunCancelled):
-        return dataclasses.replace(
+        after = dataclasses.replace(
             state,
-            version=event.version,
             status=check_transition(state.status, RunStatus.CANCELLED),
             queue_reservation_id=None if event.reservation_released else state.queue_reservation_id,
-            handled_commands=state.handled_commands | {event.causation_id},
         )
-    raise TypeError(f"not a Run event: {event!r}")
+    else:
+        changed = evolve_lease(state, event)
+        if changed is None:
+            raise TypeError(f"not a Run event: {event!r}")
+        after = changed
+    return dataclasses.replace(after, version=event.version, handled_commands=_remembered(after, event))
+
+
+def _remembered(state: RunState, event: RunEvent) -> tuple[str, ...]:
+    # Renewals are deduplicated by sequence and timer events have no command: keeping their
+    # causes would only grow the state of a long run.
+    if isinstance(event, LeaseRenewed) or event.causation_id.startswith("timer/"):
+        return state.handled_commands
+    return state.remember(event.causation_id)
 
 
 def fold(events: Iterable[RunEvent], state: RunState | None = None) -> RunState | None:

@@ -14,11 +14,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from services.common.contracts import EVENT_TYPES, CommandRejected, RunEvent
-from services.common.kafka import TopicFollower
+from services.common.kafka import CommandPublisher, OutboundRecord, TopicFollower
 from services.common.messages import MessageCodec, UndecodableRecord
 from services.common.topics import RUNS_EVENTS, RUNS_REJECTIONS
 
-__all__ = ["Decided", "DecisionListener", "Rejected"]
+__all__ = ["Decided", "Decision", "DecisionListener", "Rejected", "publish_and_await"]
 
 _REMEMBERED = 20_000
 
@@ -104,3 +104,27 @@ class DecisionListener:
 def _resolve(future: asyncio.Future[Decision], decision: Decision) -> None:
     if not future.done():
         future.set_result(decision)
+
+
+async def publish_and_await(
+    publisher: CommandPublisher,
+    listener: DecisionListener,
+    record: OutboundRecord,
+    command_id: str,
+    timeout_s: float,
+) -> Decision | None:
+    """Register for the decision, publish the command, wait; None if no decision in time.
+
+    Raises whatever the publisher raises when Kafka does not take the command (nothing was sent).
+    """
+    decision = listener.register(command_id)
+    try:
+        await asyncio.wrap_future(publisher.publish(record))
+    except Exception:
+        listener.forget(command_id, decision)
+        raise
+    try:
+        return await asyncio.wait_for(decision, timeout_s)
+    except TimeoutError:
+        listener.forget(command_id, decision)
+        return None

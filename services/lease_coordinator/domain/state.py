@@ -1,0 +1,161 @@
+"""Values of the Run aggregate: its state, its current lease, decisions and the lease policy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Union
+
+from services.common.contracts import RunEvent
+from services.common.ids import derived_id
+from services.lease_coordinator.domain.lifecycle import LeaseCertainty, RunStatus
+
+__all__ = [
+    "COORDINATOR_ACTOR",
+    "DEFAULT_POLICY",
+    "RECENT_COMMANDS_KEPT",
+    "Decision",
+    "EffectRecord",
+    "LeasePolicy",
+    "LeaseState",
+    "Rejection",
+    "RejectionCode",
+    "RunState",
+    "attempt_id_for",
+    "lease_id_for",
+    "run_id_of_attempt",
+]
+
+COORDINATOR_ACTOR = "tenure-coordinator"
+# Redelivery after a crash only ever repeats the last batch, so a short window of recent command
+# ids is enough to drop repeats; renewals are deduplicated by their sequence instead.
+RECENT_COMMANDS_KEPT = 64
+
+
+class RejectionCode(StrEnum):
+    INVALID_COMMAND = "INVALID_COMMAND"
+    RUN_ID_MISMATCH = "RUN_ID_MISMATCH"
+    IDEMPOTENCY_KEY_CONFLICT = "IDEMPOTENCY_KEY_CONFLICT"
+    RUN_NOT_FOUND = "RUN_NOT_FOUND"
+    RUN_ALREADY_TERMINAL = "RUN_ALREADY_TERMINAL"
+    INVALID_TRANSITION = "INVALID_TRANSITION"
+    RUN_NOT_CLAIMABLE = "RUN_NOT_CLAIMABLE"
+    ATTEMPTS_EXHAUSTED = "ATTEMPTS_EXHAUSTED"
+    UNKNOWN_ATTEMPT = "UNKNOWN_ATTEMPT"
+    STALE_EPOCH = "STALE_EPOCH"
+    LEASE_EXPIRED = "LEASE_EXPIRED"
+    LEASE_REVOKED = "LEASE_REVOKED"
+    LEASE_RELEASED = "LEASE_RELEASED"
+    DUPLICATE_SEQUENCE = "DUPLICATE_SEQUENCE"
+    SEQUENCE_NOT_INCREASING = "SEQUENCE_NOT_INCREASING"
+    TAKEOVER_NOT_POSSIBLE = "TAKEOVER_NOT_POSSIBLE"
+    DUPLICATE_EFFECT = "DUPLICATE_EFFECT"
+    UNKNOWN_EFFECT = "UNKNOWN_EFFECT"
+
+
+@dataclass(frozen=True)
+class Rejection:
+    code: RejectionCode
+    detail: str
+
+
+Decision = Union[tuple[RunEvent, ...], Rejection]
+
+
+@dataclass(frozen=True)
+class LeasePolicy:
+    """Deployment-wide lease rules (EXE-4 defaults), passed into `decide` as a value."""
+
+    default_lease_ms: int = 90_000
+    default_heartbeat_ms: int = 20_000
+    # Two whole-second heartbeats must fit in the shortest lease.
+    min_lease_ms: int = 2_000
+    max_lease_ms: int = 3_600_000
+    # No confirmed renewal for this fraction of the TTL: the coordinator marks the lease at risk.
+    at_risk_fraction: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0 < self.at_risk_fraction < 1:
+            raise ValueError("at_risk_fraction must be between 0 and 1")
+        if not self.min_lease_ms <= self.default_lease_ms <= self.max_lease_ms:
+            raise ValueError("the default lease must lie within the bounds")
+
+
+DEFAULT_POLICY = LeasePolicy()
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseState:
+    attempt_id: str
+    lease_id: str
+    epoch: int
+    holder: str
+    holder_kind: str
+    lease_ms: int
+    heartbeat_ms: int
+    at_risk_after_ms: int
+    issued_at: int
+    expires_at: int
+    last_renewal_at: int
+    last_sequence: int
+    certainty: LeaseCertainty
+
+    @property
+    def held(self) -> bool:
+        return self.certainty in (LeaseCertainty.ACTIVE, LeaseCertainty.AT_RISK)
+
+
+@dataclass(frozen=True)
+class EffectRecord:
+    effect_id: str
+    epoch: int
+    outcome: str  # "intended" until an outcome is recorded
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunState:
+    run_id: str
+    version: int
+    status: RunStatus
+    tenant: str
+    idempotency_key: str
+    execution_spec: str
+    spec_digest: str
+    retry_safe: bool
+    timeout_seconds: int
+    max_attempts: int
+    submitted_at: int
+    # The queue place and budget reserved at submission (EXE-2); None once released.
+    queue_reservation_id: str | None
+    # The most recent command ids decided for this run, oldest first (see RECENT_COMMANDS_KEPT).
+    handled_commands: tuple[str, ...] = ()
+    # The highest fencing epoch ever issued for this run (LEASE-3); 0 before the first claim.
+    epoch: int = 0
+    attempts_used: int = 0
+    # The current or most recently ended lease; its record is the evidence for a takeover.
+    lease: LeaseState | None = None
+    effects: tuple[EffectRecord, ...] = field(default_factory=tuple)
+
+    def remember(self, command_id: str) -> tuple[str, ...]:
+        if command_id in self.handled_commands:
+            return self.handled_commands
+        return (*self.handled_commands, command_id)[-RECENT_COMMANDS_KEPT:]
+
+    def effect(self, effect_id: str) -> EffectRecord | None:
+        return next((e for e in self.effects if e.effect_id == effect_id), None)
+
+
+def attempt_id_for(run_id: str, epoch: int) -> str:
+    """Attempt ids name their run, so an API given only an attempt id can route to its run."""
+    return f"att_{run_id.removeprefix('run_')}_{epoch}"
+
+
+def run_id_of_attempt(attempt_id: str) -> str | None:
+    parts = attempt_id.split("_")
+    if len(parts) != 3 or parts[0] != "att" or not parts[2].isdigit():
+        return None
+    return f"run_{parts[1]}"
+
+
+def lease_id_for(run_id: str, epoch: int) -> str:
+    return derived_id("lease", run_id, str(epoch))

@@ -1,0 +1,142 @@
+"""The runner SDK's exceptions: one class per thing a runner must react to differently.
+
+The split that matters most (LEASE-4): a *refusal* (409: the coordinator or a fenced recipient
+said no, so the lease is gone) versus an *unknown outcome* (timeout, connection error, 5xx: the
+request may or may not have taken effect). An unknown outcome is never treated as a refusal, and
+never as a success either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = [
+    "FencedByRecipient",
+    "InvalidCertaintyTransition",
+    "LeaseConflict",
+    "LeaseInJeopardy",
+    "LeaseLost",
+    "LeaseReleased",
+    "OutcomeUnknown",
+    "RequestRejected",
+    "RunNotClaimable",
+    "RunNotFound",
+    "TenureProblem",
+    "TenureRunnerError",
+    "TenureUnavailable",
+    "ToolFailed",
+    "UnexpectedResponse",
+]
+
+
+class TenureRunnerError(Exception):
+    """Base class of every error the runner SDK raises."""
+
+
+class TenureProblem(TenureRunnerError):
+    """The service answered with an RFC 9457 problem; `problem_type` is the slug after /problems/."""
+
+    def __init__(self, status: int, problem_type: str, detail: str, body: Mapping[str, Any] | None = None):
+        self.status = status
+        self.problem_type = problem_type
+        self.detail = detail
+        self.body: Mapping[str, Any] = dict(body or {})
+        super().__init__(f"HTTP {status} {problem_type}: {detail}")
+
+
+class RequestRejected(TenureProblem):
+    """A 4xx that is neither a lease conflict nor a claim refusal (validation, auth, not found)."""
+
+
+class RunNotFound(TenureProblem):
+    """404 run-not-found on claim: no run with this id exists."""
+
+
+class RunNotClaimable(TenureProblem):
+    """409 on claim: the run is not queued (`run-not-claimable`) or `attempts-exhausted`."""
+
+
+class LeaseConflict(TenureProblem):
+    """409 on heartbeat, report or effect: this holder no longer holds the lease.
+
+    `problem_type` says why: stale-epoch, unknown-attempt, sequence-not-increasing, lease-expired,
+    lease-revoked (or fenced-by-recipient, see the subclass). The lease is lost immediately.
+    """
+
+
+class FencedByRecipient(LeaseConflict):
+    """409 fenced-by-recipient: the tool itself refused this epoch (LEASE-3)."""
+
+
+class ToolFailed(TenureProblem):
+    """502 tool-failed: the tool answered with a failure; the effect did not commit."""
+
+
+class OutcomeUnknown(TenureProblem):
+    """504 outcome-unknown: the gateway cannot tell whether the effect happened.
+
+    Retry with the SAME idempotency key (EXE-6) once the lease is VALID again.
+    """
+
+
+class TenureUnavailable(TenureRunnerError):
+    """No usable answer: connection error, timeout or a 5xx from the API. The outcome is UNKNOWN.
+
+    The request may have taken effect. It is not a refusal: the lease is in jeopardy, not lost.
+    """
+
+    def __init__(self, operation: str, reason: str, status: int | None = None, problem_type: str = ""):
+        self.operation = operation
+        self.reason = reason
+        self.status = status
+        self.problem_type = problem_type
+        super().__init__(f"{operation}: outcome unknown ({reason})")
+
+
+class UnexpectedResponse(TenureRunnerError):
+    """A 2xx whose body does not follow the contract (missing field, wrong type, not JSON)."""
+
+
+class LeaseInJeopardy(TenureRunnerError):
+    """Refused locally: the holder cannot tell whether its lease is still valid (LEASE-4).
+
+    Nothing was sent. Checkpoint and wait; the keeper keeps renewing and the lease either comes
+    back to VALID or is LOST.
+    """
+
+    def __init__(self, action: str, reason: str, idempotency_key: str = ""):
+        self.action = action
+        self.reason = reason
+        self.idempotency_key = idempotency_key
+        super().__init__(f"{action} refused: lease in jeopardy ({reason})")
+
+
+class LeaseLost(TenureRunnerError):
+    """The lease is lost (refused by the coordinator or a recipient, or its bound passed).
+
+    Stop working: another holder may already have taken over with a higher epoch.
+    """
+
+    def __init__(self, action: str, reason: str, problem_type: str = ""):
+        self.action = action
+        self.reason = reason
+        self.problem_type = problem_type
+        super().__init__(f"{action} refused: lease lost ({reason})")
+
+
+class LeaseReleased(TenureRunnerError):
+    """The lease was released by this holder's terminal report; nothing more can be done under it."""
+
+    def __init__(self, action: str):
+        self.action = action
+        super().__init__(f"{action} refused: the lease was already released by the terminal report")
+
+
+class InvalidCertaintyTransition(TenureRunnerError):
+    """A certainty transition outside the table in certainty.py (a bug in the caller)."""
+
+    def __init__(self, source: str, target: str):
+        self.source = source
+        self.target = target
+        super().__init__(f"certainty cannot move {source} -> {target}")

@@ -1,0 +1,1126 @@
+"""The lease protocol of the Run aggregate, pure: claim, renew, report, takeover, effects, timers.
+
+Proves, at the level of `decide` / `evolve` / `decide_timers` (no Kafka, no clock reads):
+LEASE-2 (the lease state holds holder, issue time, expiry, certainty, epoch and effects),
+LEASE-3 (epochs only grow, one per change of holder, and a stale holder is refused everywhere),
+LEASE-4/LEASE-5 (at-risk and expiry on the coordinator's clock), LEASE-6/LEASE-7 (takeover
+revokes, re-grants with epoch + 1 and keeps the evidence), EXE-3 (attempt ids name their run),
+EXE-4 (defaults 90 s / 20 s, fenced heartbeats and reports, stale epoch changes nothing) and
+EXE-5 (lease loss interrupts; automatic retry only when retry-safe with attempts left).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from services.common.contracts import (
+    AttemptClaimed,
+    AttemptReported,
+    ClaimRun,
+    EffectIntentRecorded,
+    EffectOutcomeRecorded,
+    LeaseAtRisk,
+    LeaseExpired,
+    LeaseRenewed,
+    LeaseTakenOver,
+    RecordEffectIntent,
+    RecordEffectOutcome,
+    RenewLease,
+    ReportAttempt,
+    RunCommand,
+    RunEvent,
+    RunRequeued,
+    TakeOverLease,
+)
+from services.common.ids import run_id_for
+from services.lease_coordinator.domain import (
+    DEFAULT_POLICY,
+    LEASE_TRANSITIONS,
+    Decision,
+    LeaseCertainty,
+    LeasePolicy,
+    Rejection,
+    RejectionCode,
+    RunState,
+    RunStatus,
+    attempt_id_for,
+    decide,
+    decide_timers,
+    evolve,
+    fold,
+    next_timer_at,
+    run_id_of_attempt,
+)
+from services.lease_coordinator.domain.lifecycle import check_lease_transition
+from services.lease_coordinator.state_codec import decode_state, encode_state
+
+from .strategies import submit_command
+
+T0 = 1_767_225_600_000
+_ids = itertools.count()
+
+
+def _cid(kind: str) -> str:
+    return f"cmd-{kind}-{next(_ids)}"
+
+
+# --- command builders (shared with test_lease_timers_processor.py and test_lease_views.py) ----
+
+
+def _head(run_id: str, kind: str, command_id: str | None, correlation_id: str, actor: str) -> dict[str, Any]:
+    return {
+        "command_id": command_id or _cid(kind),
+        "run_id": run_id,
+        "issued_at": T0,
+        "correlation_id": correlation_id,
+        "actor": actor,
+    }
+
+
+def claim_cmd(
+    run_id: str,
+    runner: str = "runner-a",
+    *,
+    command_id: str | None = None,
+    holder_kind: str = "runner",
+    lease_seconds: int = 0,
+    heartbeat_seconds: int = 0,
+) -> ClaimRun:
+    return ClaimRun(
+        **_head(run_id, "claim", command_id, f"corr-{run_id}", f"runner:{runner}"),
+        runner_id=runner,
+        holder_kind=holder_kind,
+        capabilities=("checkpoint-v1",),
+        lease_seconds=lease_seconds,
+        heartbeat_seconds=heartbeat_seconds,
+    )
+
+
+def renew_cmd(
+    run_id: str,
+    attempt_id: str,
+    epoch: int,
+    sequence: int,
+    *,
+    command_id: str | None = None,
+    issued_at: int = T0,
+) -> RenewLease:
+    head = {**_head(run_id, "renew", command_id, attempt_id, "runner"), "issued_at": issued_at}
+    return RenewLease(**head, attempt_id=attempt_id, lease_epoch=epoch, sequence=sequence)
+
+
+def report_cmd(
+    run_id: str,
+    attempt_id: str,
+    epoch: int,
+    sequence: int,
+    outcome: str = "succeeded",
+    *,
+    command_id: str | None = None,
+    error_code: str = "",
+) -> ReportAttempt:
+    return ReportAttempt(
+        **_head(run_id, "report", command_id, attempt_id, "runner"),
+        attempt_id=attempt_id,
+        lease_epoch=epoch,
+        sequence=sequence,
+        outcome=outcome,
+        error_code=error_code,
+        detail=f"reported {outcome}",
+    )
+
+
+def takeover_cmd(
+    run_id: str,
+    reason: str = "runner wedged; operator takes over",
+    new_holder: str = "operator:olga",
+    *,
+    holder_kind: str = "human",
+    lease_seconds: int = 0,
+    command_id: str | None = None,
+) -> TakeOverLease:
+    return TakeOverLease(
+        **_head(run_id, "takeover", command_id, f"corr-{run_id}", "user:olga"),
+        reason=reason,
+        new_holder=new_holder,
+        holder_kind=holder_kind,
+        lease_seconds=lease_seconds,
+    )
+
+
+def intent_cmd(
+    run_id: str, attempt_id: str, epoch: int, effect_id: str, *, command_id: str | None = None
+) -> RecordEffectIntent:
+    return RecordEffectIntent(
+        **_head(run_id, "intent", command_id, attempt_id, "runner"),
+        attempt_id=attempt_id,
+        lease_epoch=epoch,
+        effect_id=effect_id,
+        idempotency_key=f"idem-{effect_id}",
+        tool="payments",
+        operation="refund",
+    )
+
+
+def outcome_cmd(
+    run_id: str,
+    attempt_id: str,
+    epoch: int,
+    effect_id: str,
+    outcome: str = "committed",
+    *,
+    command_id: str | None = None,
+) -> RecordEffectOutcome:
+    return RecordEffectOutcome(
+        **_head(run_id, "outcome", command_id, attempt_id, "runner"),
+        attempt_id=attempt_id,
+        lease_epoch=epoch,
+        effect_id=effect_id,
+        outcome=outcome,
+        detail=f"gateway said {outcome}",
+    )
+
+
+def _events(decision: Decision) -> tuple[RunEvent, ...]:
+    assert not isinstance(decision, Rejection), f"expected events, got {decision}"
+    return decision
+
+
+def _rejection(decision: Decision) -> Rejection:
+    assert isinstance(decision, Rejection), f"expected a rejection, got {decision}"
+    return decision
+
+
+class Run:
+    """One run driven through the pure aggregate on a hand-moved clock, keeping its event log."""
+
+    def __init__(
+        self,
+        *,
+        retry_safe: bool = False,
+        max_attempts: int = 3,
+        now: int = T0,
+        policy: LeasePolicy = DEFAULT_POLICY,
+    ) -> None:
+        self.now = now
+        self.policy = policy
+        submit = submit_command(retry_safe=retry_safe, max_attempts=max_attempts, command_id=_cid("submit"))
+        self.run_id = submit.run_id
+        self.events: list[RunEvent] = []
+        self._state: RunState | None = None
+        self.apply(_events(decide(None, submit, now)))
+
+    @property
+    def state(self) -> RunState:
+        assert self._state is not None
+        return self._state
+
+    def at(self, ms: int) -> Run:
+        assert ms >= self.now, "the coordinator's clock never goes back"
+        self.now = ms
+        return self
+
+    def decide(self, command: RunCommand) -> Decision:
+        return decide(self.state, command, self.now, self.policy)
+
+    def accept(self, command: RunCommand) -> tuple[RunEvent, ...]:
+        events = _events(self.decide(command))
+        self.apply(events)
+        return events
+
+    def refuse(self, command: RunCommand, code: RejectionCode) -> Rejection:
+        before = self.state
+        rejection = _rejection(self.decide(command))
+        assert rejection.code is code, rejection
+        assert self.state == before
+        return rejection
+
+    def tick(self) -> tuple[RunEvent, ...]:
+        events = decide_timers(self.state, self.now)
+        self.apply(events)
+        return events
+
+    def apply(self, events: tuple[RunEvent, ...]) -> None:
+        for event in events:
+            self._state = evolve(self._state, event)
+            self.events.append(event)
+
+    # --- the common moves -----------------------------------------------------------------------
+
+    def claim(self, runner: str = "runner-a", **kwargs: Any) -> AttemptClaimed:
+        (event,) = self.accept(claim_cmd(self.run_id, runner, **kwargs))
+        assert isinstance(event, AttemptClaimed)
+        return event
+
+    def renew(self, sequence: int, attempt_id: str | None = None, epoch: int | None = None) -> LeaseRenewed:
+        lease = self.state.lease
+        assert lease is not None
+        (event,) = self.accept(
+            renew_cmd(self.run_id, attempt_id or lease.attempt_id, epoch or lease.epoch, sequence)
+        )
+        assert isinstance(event, LeaseRenewed)
+        return event
+
+    def take_over(self, **kwargs: Any) -> LeaseTakenOver:
+        (event,) = self.accept(takeover_cmd(self.run_id, **kwargs))
+        assert isinstance(event, LeaseTakenOver)
+        return event
+
+    def reach(self, status: RunStatus) -> Run:
+        """Drive the run to `status` the ordinary way: claim, renew, report, or let it expire."""
+        if status is not RunStatus.QUEUED:
+            self.claim()
+        if status in (RunStatus.RUNNING, RunStatus.SUCCEEDED):
+            self.renew(1)
+        if status is RunStatus.INTERRUPTED:
+            self.expire()
+        if status in (RunStatus.SUCCEEDED, RunStatus.FAILED):
+            lease = self.state.lease
+            assert lease is not None
+            self.accept(report_cmd(self.run_id, lease.attempt_id, lease.epoch, 2, status.value))
+        assert self.state.status is status
+        return self
+
+    def expire(self) -> tuple[RunEvent, ...]:
+        """Let the current lease run out and the coordinator's timer see it."""
+        lease = self.state.lease
+        assert lease is not None
+        self.at(max(self.now, lease.expires_at))
+        events = self.tick()
+        assert events and isinstance(events[0], LeaseExpired)
+        return events
+
+
+# --- claim -------------------------------------------------------------------------------------
+
+
+def test_claim_of_a_queued_run_grants_epoch_one_with_the_exe_4_defaults_lease_2_lease_3() -> None:
+    run = Run()
+    run.at(T0 + 1_234)
+    claimed = run.claim("runner-a")
+
+    assert (claimed.epoch, claimed.attempt_number, claimed.version) == (1, 1, 2)
+    assert claimed.attempt_id == attempt_id_for(run.run_id, 1)
+    assert run_id_of_attempt(claimed.attempt_id) == run.run_id, "EXE-3: the attempt id names its run"
+    # EXE-4: lease 90 s, heartbeat every 20 s, from the policy; expiry on the coordinator's clock.
+    assert DEFAULT_POLICY.default_lease_ms == 90_000 and DEFAULT_POLICY.default_heartbeat_ms == 20_000
+    assert (claimed.lease_seconds, claimed.heartbeat_seconds) == (90, 20)
+    assert claimed.at_risk_after_ms == int(90_000 * DEFAULT_POLICY.at_risk_fraction)
+    assert claimed.occurred_at == run.now
+    assert claimed.expires_at == run.now + 90_000
+    assert (claimed.holder, claimed.holder_kind) == ("runner-a", "runner")
+    assert claimed.capabilities == ("checkpoint-v1",)
+
+    state = run.state
+    assert state.status is RunStatus.PREPARING
+    assert (state.epoch, state.attempts_used) == (1, 1)
+    lease = state.lease
+    assert lease is not None and lease.held
+    assert (lease.attempt_id, lease.lease_id, lease.epoch) == (claimed.attempt_id, claimed.lease_id, 1)
+    assert (lease.holder, lease.issued_at, lease.last_renewal_at) == ("runner-a", run.now, run.now)
+    assert (lease.lease_ms, lease.heartbeat_ms, lease.expires_at) == (90_000, 20_000, run.now + 90_000)
+    assert (lease.last_sequence, lease.certainty) == (0, LeaseCertainty.ACTIVE)
+
+
+def _fresh(run: Run) -> None:
+    pass
+
+
+def _after_one_expiry(run: Run) -> None:
+    run.claim("runner-a")
+    run.expire()
+
+
+def _after_takeover_and_expiry(run: Run) -> None:
+    run.claim("runner-a")
+    run.take_over()
+    run.expire()
+
+
+@pytest.mark.parametrize(
+    ("history", "previous_epoch"),
+    [(_fresh, 0), (_after_one_expiry, 1), (_after_takeover_and_expiry, 2)],
+    ids=["fresh", "after-expiry", "after-takeover-and-expiry"],
+)
+def test_claim_epoch_is_the_previous_epoch_plus_one_lease_3(history: Any, previous_epoch: int) -> None:
+    run = Run(retry_safe=True, max_attempts=3)
+    history(run)
+    assert run.state.status is RunStatus.QUEUED
+    assert run.state.epoch == previous_epoch
+    claimed = run.claim("runner-z")
+    assert claimed.epoch == previous_epoch + 1
+    assert claimed.attempt_id == attempt_id_for(run.run_id, previous_epoch + 1)
+    assert claimed.lease_id not in {e.lease_id for e in run.events[:-1] if hasattr(e, "lease_id")}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    tenant=st.text(min_size=1, max_size=12),
+    key=st.text(min_size=1, max_size=12),
+    epoch=st.integers(min_value=1, max_value=10**6),
+)
+def test_attempt_ids_name_their_run_round_trip_exe_3(tenant: str, key: str, epoch: int) -> None:
+    run_id = run_id_for(tenant, key)
+    attempt_id = attempt_id_for(run_id, epoch)
+    assert run_id_of_attempt(attempt_id) == run_id
+    assert attempt_id.endswith(f"_{epoch}")
+
+
+@pytest.mark.parametrize("bad", ["", "att", "att_abc", "run_abc_1", "att_abc_x", "att_a_b_1", "att_abc_-1"])
+def test_malformed_attempt_ids_name_no_run_exe_3(bad: str) -> None:
+    assert run_id_of_attempt(bad) is None
+
+
+@pytest.mark.parametrize(
+    ("lease_seconds", "heartbeat_seconds", "granted"),
+    [
+        (30, 10, (30, 10, 15_000)),
+        (60, 0, (60, 20, 30_000)),  # the default heartbeat fits
+        (30, 0, (30, 10, 15_000)),  # the default heartbeat is capped at a third of a short lease
+        (3600, 600, (3600, 600, 1_800_000)),  # the upper bound itself
+        (90, 45, (90, 30, 45_000)),  # half is allowed, then capped at a third
+    ],
+)
+def test_per_run_lease_terms_within_bounds_are_granted_exe_4(
+    lease_seconds: int, heartbeat_seconds: int, granted: tuple[int, int, int]
+) -> None:
+    run = Run()
+    claimed = run.claim(lease_seconds=lease_seconds, heartbeat_seconds=heartbeat_seconds)
+    assert (claimed.lease_seconds, claimed.heartbeat_seconds, claimed.at_risk_after_ms) == granted
+    assert claimed.expires_at == run.now + lease_seconds * 1000
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"lease_seconds": 3601},
+        {"lease_seconds": 10**6},
+        {"lease_seconds": 30, "heartbeat_seconds": 16},
+        {"lease_seconds": 10, "heartbeat_seconds": 6},
+        {"lease_seconds": 90, "heartbeat_seconds": 90},
+        {"runner": ""},
+        {"runner": "   "},
+        {"holder_kind": "robot"},
+    ],
+    ids=[
+        "above-max",
+        "far-above-max",
+        "heartbeat-over-half",
+        "heartbeat-over-half-short",
+        "heartbeat=lease",
+        "no-runner",
+        "blank-runner",
+        "unknown-holder-kind",
+    ],
+)
+def test_claims_outside_the_bounds_are_invalid_exe_4(changes: dict[str, Any]) -> None:
+    run = Run()
+    runner = changes.pop("runner", "runner-a")
+    run.refuse(claim_cmd(run.run_id, runner, **changes), RejectionCode.INVALID_COMMAND)
+
+
+def test_default_terms_come_from_the_policy_passed_in_exe_4() -> None:
+    policy = LeasePolicy(default_lease_ms=60_000, default_heartbeat_ms=15_000, at_risk_fraction=0.25)
+    run = Run(policy=policy)
+    claimed = run.claim()
+    assert (claimed.lease_seconds, claimed.heartbeat_seconds, claimed.at_risk_after_ms) == (60, 15, 15_000)
+    assert claimed.expires_at == run.now + 60_000
+
+
+@pytest.mark.parametrize("lease_seconds", [*range(1, 13), 89, 90, 3600])
+def test_every_accepted_claim_grants_a_heartbeat_interval_a_runner_can_use_exe_4(lease_seconds: int) -> None:
+    """EXE-4: the grant tells the runner its heartbeat interval in whole seconds. It must be at
+    least 1 s (the runner SDK's LeaseKeeper refuses 0, and 0 means "deployment default" in a
+    ClaimRun) and at most half the lease (one lost heartbeat must not lose the lease). A lease the
+    coordinator cannot pair with such an interval must be refused, not granted with 0."""
+    run = Run()
+    decision = run.decide(claim_cmd(run.run_id, lease_seconds=lease_seconds))
+    if isinstance(decision, Rejection):
+        assert decision.code is RejectionCode.INVALID_COMMAND
+        return
+    (claimed,) = decision
+    assert isinstance(claimed, AttemptClaimed)
+    assert claimed.heartbeat_seconds >= 1, (
+        f"leaseSeconds={lease_seconds} was granted heartbeatSeconds={claimed.heartbeat_seconds}"
+    )
+    assert claimed.heartbeat_seconds * 2 <= claimed.lease_seconds
+
+
+@pytest.mark.parametrize(
+    "status",
+    [RunStatus.PREPARING, RunStatus.RUNNING, RunStatus.INTERRUPTED, RunStatus.SUCCEEDED, RunStatus.FAILED],
+)
+def test_claim_of_a_non_queued_run_is_run_not_claimable_exe_2(status: RunStatus) -> None:
+    run = Run().reach(status)  # not retry-safe: an expiry leaves the run interrupted
+    epoch = run.state.epoch
+    run.refuse(claim_cmd(run.run_id, "runner-b"), RejectionCode.RUN_NOT_CLAIMABLE)
+    assert run.state.epoch == epoch, "a refused claim issues no epoch"
+
+
+def test_the_last_attempt_is_not_requeued_and_cannot_be_claimed_exe_5() -> None:
+    run = Run(retry_safe=True, max_attempts=2)
+    run.claim("runner-a")
+    first = run.expire()
+    assert [type(e) for e in first] == [LeaseExpired, RunRequeued]
+    run.claim("runner-b")
+    second = run.expire()
+    assert [type(e) for e in second] == [LeaseExpired], "no attempts left: no automatic retry"
+    assert run.state.status is RunStatus.INTERRUPTED
+    run.refuse(claim_cmd(run.run_id, "runner-c"), RejectionCode.RUN_NOT_CLAIMABLE)
+
+
+def test_claim_of_a_queued_run_with_no_attempts_left_is_attempts_exhausted_exe_5() -> None:
+    # Not reachable through the timers (they requeue only with attempts left); this guards the
+    # rule itself, e.g. for a future explicit retry that queues an exhausted run.
+    run = Run(retry_safe=True, max_attempts=1)
+    exhausted = dataclasses.replace(run.state, attempts_used=1)
+    rejection = _rejection(decide(exhausted, claim_cmd(run.run_id), run.now))
+    assert rejection.code is RejectionCode.ATTEMPTS_EXHAUSTED
+
+
+# --- renew -------------------------------------------------------------------------------------
+
+
+def test_renewal_with_the_current_epoch_and_next_sequence_extends_from_now_lease_5() -> None:
+    run = Run()
+    claimed = run.claim()
+    run.at(T0 + 30_000)
+    renewed = run.renew(1)
+    assert (renewed.epoch, renewed.sequence, renewed.attempt_id) == (1, 1, claimed.attempt_id)
+    assert renewed.lease_id == claimed.lease_id
+    assert renewed.expires_at == T0 + 30_000 + 90_000, "from now, not from the old expiry"
+    assert renewed.occurred_at == T0 + 30_000
+    lease = run.state.lease
+    assert lease is not None
+    assert (lease.last_sequence, lease.last_renewal_at, lease.expires_at) == (1, T0 + 30_000, T0 + 120_000)
+    assert lease.issued_at == T0, "a renewal does not re-issue the lease"
+    run.at(T0 + 31_000)
+    assert run.renew(5).expires_at == T0 + 121_000, "sequences may skip, they only have to grow"
+
+
+def test_renewal_expiry_is_on_the_coordinators_clock_not_the_commands_exe_4_lease_5() -> None:
+    run = Run()
+    claimed = run.claim()
+    run.at(T0 + 10_000)
+    for issued_at in (T0 - 10**9, T0 + 10**9):
+        decision = run.decide(renew_cmd(run.run_id, claimed.attempt_id, 1, 1, issued_at=issued_at))
+        (renewed,) = _events(decision)
+        assert isinstance(renewed, LeaseRenewed)
+        assert renewed.expires_at == T0 + 10_000 + 90_000
+        assert renewed.occurred_at == T0 + 10_000
+
+
+def test_first_renewal_moves_preparing_to_running_later_ones_do_not() -> None:
+    run = Run()
+    run.claim()
+    assert run.state.status is RunStatus.PREPARING
+    assert run.renew(1).run_started is True
+    assert run.state.status is RunStatus.RUNNING
+    assert run.renew(2).run_started is False
+    assert run.state.status is RunStatus.RUNNING
+
+
+def test_renewal_of_an_at_risk_lease_makes_it_active_again_lease_4() -> None:
+    run = Run()
+    run.claim()
+    run.at(T0 + 45_000)
+    (at_risk,) = run.tick()
+    assert isinstance(at_risk, LeaseAtRisk)
+    assert run.state.lease is not None and run.state.lease.certainty is LeaseCertainty.AT_RISK
+    assert run.state.lease.held, "at risk is jeopardy, not loss"
+    run.at(T0 + 50_000)
+    run.renew(1)
+    assert run.state.lease is not None and run.state.lease.certainty is LeaseCertainty.ACTIVE
+
+
+def test_renewal_with_a_stale_epoch_is_refused_and_changes_nothing_exe_4_lease_3() -> None:
+    run = Run(retry_safe=True)
+    first = run.claim("runner-a")
+    run.renew(1)
+    run.take_over()
+    run.refuse(renew_cmd(run.run_id, first.attempt_id, 1, 2), RejectionCode.STALE_EPOCH)
+    # The old attempt id with the new epoch number is still not the holder.
+    run.refuse(renew_cmd(run.run_id, first.attempt_id, 2, 2), RejectionCode.STALE_EPOCH)
+    run.expire()
+    third = run.claim("runner-c")
+    assert third.epoch == 3
+    run.refuse(renew_cmd(run.run_id, attempt_id_for(run.run_id, 2), 2, 1), RejectionCode.STALE_EPOCH)
+    run.refuse(renew_cmd(run.run_id, first.attempt_id, 1, 99), RejectionCode.STALE_EPOCH)
+
+
+def test_renewal_of_a_never_issued_epoch_is_unknown_attempt_exe_4() -> None:
+    run = Run()
+    run.refuse(renew_cmd(run.run_id, attempt_id_for(run.run_id, 1), 1, 1), RejectionCode.UNKNOWN_ATTEMPT)
+    run.claim()
+    run.refuse(renew_cmd(run.run_id, attempt_id_for(run.run_id, 2), 2, 1), RejectionCode.UNKNOWN_ATTEMPT)
+    run.refuse(renew_cmd(run.run_id, attempt_id_for(run.run_id, 7), 7, 1), RejectionCode.UNKNOWN_ATTEMPT)
+
+
+def test_repeated_last_sequence_is_duplicate_and_a_lower_one_is_not_increasing_exe_4() -> None:
+    run = Run()
+    claimed = run.claim()
+    # The claim itself is sequence 0.
+    run.refuse(renew_cmd(run.run_id, claimed.attempt_id, 1, 0), RejectionCode.DUPLICATE_SEQUENCE)
+    run.renew(3)
+    run.refuse(renew_cmd(run.run_id, claimed.attempt_id, 1, 3), RejectionCode.DUPLICATE_SEQUENCE)
+    run.refuse(renew_cmd(run.run_id, claimed.attempt_id, 1, 2), RejectionCode.SEQUENCE_NOT_INCREASING)
+    run.refuse(renew_cmd(run.run_id, claimed.attempt_id, 1, -1), RejectionCode.SEQUENCE_NOT_INCREASING)
+
+
+def test_renewal_at_or_after_expires_at_before_the_timer_ran_is_lease_expired_lease_5() -> None:
+    run = Run()
+    claimed = run.claim()
+    run.at(claimed.expires_at - 1)
+    assert isinstance(_events(run.decide(renew_cmd(run.run_id, claimed.attempt_id, 1, 1)))[0], LeaseRenewed)
+    run.at(claimed.expires_at)
+    run.refuse(renew_cmd(run.run_id, claimed.attempt_id, 1, 1), RejectionCode.LEASE_EXPIRED)
+    run.at(claimed.expires_at + 60_000)
+    run.refuse(renew_cmd(run.run_id, claimed.attempt_id, 1, 1), RejectionCode.LEASE_EXPIRED)
+    assert run.state.lease is not None and run.state.lease.certainty is LeaseCertainty.ACTIVE, (
+        "precondition: the timer has not run yet"
+    )
+    run.tick()
+    run.refuse(renew_cmd(run.run_id, claimed.attempt_id, 1, 1), RejectionCode.LEASE_EXPIRED)
+
+
+# --- report ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("outcome", ["succeeded", "failed"])
+def test_report_ends_the_run_and_releases_the_lease_exe_4(outcome: str) -> None:
+    run = Run()
+    claimed = run.claim()
+    run.renew(1)
+    run.at(T0 + 5_000)
+    (reported,) = run.accept(report_cmd(run.run_id, claimed.attempt_id, 1, 2, outcome, error_code="E"))
+    assert isinstance(reported, AttemptReported)
+    assert (reported.outcome, reported.epoch, reported.sequence) == (outcome, 1, 2)
+    assert (reported.lease_id, reported.attempt_id, reported.error_code) == (
+        claimed.lease_id,
+        claimed.attempt_id,
+        "E",
+    )
+    assert run.state.status is RunStatus(outcome)
+    lease = run.state.lease
+    assert lease is not None and not lease.held
+    assert (lease.certainty, lease.last_sequence) == (LeaseCertainty.RELEASED, 2)
+    assert next_timer_at(run.state) is None, "a released lease needs no timer"
+    assert decide_timers(run.state, claimed.expires_at + 1) == ()
+    # A further report under the released lease is refused; the same command again is a no-op.
+    run.refuse(report_cmd(run.run_id, claimed.attempt_id, 1, 3, outcome), RejectionCode.LEASE_RELEASED)
+    same = report_cmd(run.run_id, claimed.attempt_id, 1, 2, outcome, command_id=reported.causation_id)
+    assert run.decide(same) == ()
+
+
+def test_report_failed_while_preparing_fails_the_run_exe_11() -> None:
+    run = Run()
+    claimed = run.claim()
+    run.accept(report_cmd(run.run_id, claimed.attempt_id, 1, 1, "failed"))
+    assert run.state.status is RunStatus.FAILED
+
+
+def test_decide_never_returns_a_report_that_evolve_refuses_exe_4() -> None:
+    """A runner whose task finishes before its first heartbeat reports "succeeded" while the run
+    is still `preparing`. Whatever the answer, `decide` must not return an event that `evolve`
+    cannot apply: in the processor that event makes every retry of the batch raise, so the
+    command partition stops (a poison pill). Refusing the report is fine; accepting it must
+    fold to a run that ended."""
+    run = Run()
+    claimed = run.claim()
+    decision = run.decide(report_cmd(run.run_id, claimed.attempt_id, 1, 1, "succeeded"))
+    if isinstance(decision, Rejection):
+        assert decision.code is RejectionCode.INVALID_TRANSITION
+        return
+    after = fold(decision, run.state)  # raises IllegalTransition if decide and evolve disagree
+    assert after is not None and after.status is RunStatus.SUCCEEDED
+
+
+def test_report_with_a_stale_epoch_changes_nothing_exe_4() -> None:
+    run = Run()
+    first = run.claim("runner-a")
+    run.renew(1)
+    run.take_over()
+    before = run.state
+    for outcome in ("succeeded", "failed"):
+        run.refuse(report_cmd(run.run_id, first.attempt_id, 1, 2, outcome), RejectionCode.STALE_EPOCH)
+    assert run.state == before
+    assert run.state.status is RunStatus.RUNNING
+
+
+def test_report_needs_a_sequence_above_the_last_renewal_and_a_known_outcome_exe_4() -> None:
+    run = Run()
+    claimed = run.claim()
+    run.renew(4)
+    for sequence in (4, 3):
+        run.refuse(
+            report_cmd(run.run_id, claimed.attempt_id, 1, sequence), RejectionCode.SEQUENCE_NOT_INCREASING
+        )
+    run.refuse(report_cmd(run.run_id, claimed.attempt_id, 1, 5, "done"), RejectionCode.INVALID_COMMAND)
+    run.at(claimed.expires_at + 1)  # renewed at T0, so this is past its expiry
+    run.refuse(report_cmd(run.run_id, claimed.attempt_id, 1, 5), RejectionCode.LEASE_EXPIRED)
+
+
+# --- takeover ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"reason": ""}, {"reason": "   "}, {"new_holder": " "}, {"holder_kind": "robot"}],
+    ids=["no-reason", "blank-reason", "no-new-holder", "unknown-holder-kind"],
+)
+def test_takeover_needs_a_reason_and_a_new_holder_lease_7(changes: dict[str, Any]) -> None:
+    run = Run().reach(RunStatus.RUNNING)
+    run.refuse(takeover_cmd(run.run_id, **changes), RejectionCode.INVALID_COMMAND)
+
+
+def test_takeover_revokes_and_regrants_with_epoch_plus_one_and_keeps_the_evidence_lease_6_lease_7() -> None:
+    run = Run()
+    first = run.claim("runner-a")
+    run.at(T0 + 10_000)
+    run.renew(1)
+    run.accept(intent_cmd(run.run_id, first.attempt_id, 1, "eff-1"))
+    run.accept(intent_cmd(run.run_id, first.attempt_id, 1, "eff-2"))
+    run.at(T0 + 20_000)
+    run.renew(2)
+    run.at(T0 + 70_000)
+    (at_risk,) = run.tick()
+    assert isinstance(at_risk, LeaseAtRisk), "a takeover of a lease in jeopardy is the usual case"
+
+    run.at(T0 + 75_000)
+    taken = run.take_over(reason="heartbeats stopped; operator continues", new_holder="operator:olga")
+
+    assert (taken.previous_epoch, taken.epoch) == (1, 2), "LEASE-3: bumped by exactly one"
+    assert (taken.previous_attempt_id, taken.previous_lease_id) == (first.attempt_id, first.lease_id)
+    assert taken.previous_holder == "runner-a"
+    assert (taken.holder, taken.holder_kind) == ("operator:olga", "human")
+    assert taken.reason == "heartbeats stopped; operator continues"
+    assert (taken.last_renewal_at, taken.last_sequence) == (T0 + 20_000, 2)
+    assert taken.effects_attempted == ("eff-1", "eff-2")
+    assert taken.attempt_id == attempt_id_for(run.run_id, 2) and taken.lease_id != first.lease_id
+    assert taken.expires_at == T0 + 75_000 + 90_000
+    assert taken.actor == "user:olga", "who decided the takeover is kept"
+
+    state = run.state
+    assert state.status is RunStatus.RUNNING, "the work goes on under the new holder"
+    assert state.epoch == 2 and state.attempts_used == 1
+    assert state.lease is not None
+    assert (state.lease.epoch, state.lease.holder, state.lease.certainty) == (
+        2,
+        "operator:olga",
+        LeaseCertainty.ACTIVE,
+    )
+    assert (state.lease.issued_at, state.lease.last_sequence) == (T0 + 75_000, 0)
+    # The old holder is fenced off everywhere; the new one works.
+    run.refuse(renew_cmd(run.run_id, first.attempt_id, 1, 3), RejectionCode.STALE_EPOCH)
+    run.refuse(report_cmd(run.run_id, first.attempt_id, 1, 3), RejectionCode.STALE_EPOCH)
+    run.refuse(intent_cmd(run.run_id, first.attempt_id, 1, "eff-3"), RejectionCode.STALE_EPOCH)
+    assert run.renew(1).run_started is False
+
+
+def test_takeover_evidence_lists_only_the_effects_of_the_replaced_epoch_lease_6() -> None:
+    run = Run()
+    first = run.claim("runner-a")
+    run.accept(intent_cmd(run.run_id, first.attempt_id, 1, "eff-a"))
+    second = run.take_over(new_holder="runner-b", holder_kind="runner")
+    run.accept(intent_cmd(run.run_id, second.attempt_id, 2, "eff-b"))
+    third = run.take_over(new_holder="operator:olga")
+    assert third.effects_attempted == ("eff-b",)
+    assert (third.previous_holder, third.previous_epoch, third.epoch) == ("runner-b", 2, 3)
+
+
+def test_takeover_while_preparing_keeps_preparing_until_the_new_holder_renews() -> None:
+    run = Run()
+    run.claim()
+    run.take_over(new_holder="runner-b", holder_kind="runner", lease_seconds=30)
+    assert run.state.status is RunStatus.PREPARING
+    assert run.state.lease is not None and run.state.lease.lease_ms == 30_000
+    assert run.renew(1).run_started is True
+    assert run.state.status is RunStatus.RUNNING
+
+
+@pytest.mark.parametrize(
+    "status", [RunStatus.QUEUED, RunStatus.INTERRUPTED, RunStatus.SUCCEEDED, RunStatus.FAILED]
+)
+def test_takeover_needs_a_held_lease_lease_6(status: RunStatus) -> None:
+    run = Run().reach(status)
+    run.refuse(takeover_cmd(run.run_id), RejectionCode.TAKEOVER_NOT_POSSIBLE)
+
+
+# --- effects -----------------------------------------------------------------------------------
+
+
+def test_effect_intent_only_under_the_current_held_lease_lease_3() -> None:
+    run = Run(retry_safe=True)
+    run.refuse(intent_cmd(run.run_id, attempt_id_for(run.run_id, 1), 1, "e0"), RejectionCode.UNKNOWN_ATTEMPT)
+    first = run.claim("runner-a")
+    (intent,) = run.accept(intent_cmd(run.run_id, first.attempt_id, 1, "e1"))
+    assert isinstance(intent, EffectIntentRecorded)
+    assert (intent.epoch, intent.lease_id, intent.attempt_id) == (1, first.lease_id, first.attempt_id)
+    assert (intent.idempotency_key, intent.tool, intent.operation) == ("idem-e1", "payments", "refund")
+    assert [(e.effect_id, e.epoch, e.outcome) for e in run.state.effects] == [("e1", 1, "intended")]
+    run.at(first.expires_at)  # expired on the clock, timer not run yet
+    run.refuse(intent_cmd(run.run_id, first.attempt_id, 1, "e2"), RejectionCode.LEASE_EXPIRED)
+    run.expire()
+    run.refuse(intent_cmd(run.run_id, first.attempt_id, 1, "e2"), RejectionCode.LEASE_EXPIRED)
+    second = run.claim("runner-b")
+    run.refuse(intent_cmd(run.run_id, first.attempt_id, 1, "e2"), RejectionCode.STALE_EPOCH)
+    run.accept(intent_cmd(run.run_id, second.attempt_id, 2, "e2"))
+
+
+def test_a_duplicate_effect_id_is_refused_in_any_epoch() -> None:
+    run = Run()
+    first = run.claim()
+    run.accept(intent_cmd(run.run_id, first.attempt_id, 1, "e1"))
+    run.refuse(intent_cmd(run.run_id, first.attempt_id, 1, "e1"), RejectionCode.DUPLICATE_EFFECT)
+    second = run.take_over()
+    run.refuse(intent_cmd(run.run_id, second.attempt_id, 2, "e1"), RejectionCode.DUPLICATE_EFFECT)
+
+
+def test_an_outcome_is_recorded_for_a_known_intent_even_after_a_takeover_lease_6() -> None:
+    run = Run()
+    first = run.claim("runner-a")
+    run.accept(intent_cmd(run.run_id, first.attempt_id, 1, "e1"))
+    run.take_over()
+    (recorded,) = run.accept(outcome_cmd(run.run_id, first.attempt_id, 1, "e1", "committed"))
+    assert isinstance(recorded, EffectOutcomeRecorded)
+    assert (recorded.epoch, recorded.lease_id, recorded.outcome) == (1, first.lease_id, "committed")
+    assert [(e.effect_id, e.epoch, e.outcome) for e in run.state.effects] == [("e1", 1, "committed")]
+    assert run.state.epoch == 2, "recording a fact about the old epoch does not touch the lease"
+
+
+def test_effect_outcome_rules() -> None:
+    run = Run()
+    first = run.claim()
+    attempt = first.attempt_id
+    run.refuse(outcome_cmd(run.run_id, attempt, 1, "nope"), RejectionCode.UNKNOWN_EFFECT)
+    run.accept(intent_cmd(run.run_id, attempt, 1, "e1"))
+    run.refuse(outcome_cmd(run.run_id, attempt, 2, "e1"), RejectionCode.UNKNOWN_EFFECT)
+    run.refuse(outcome_cmd(run.run_id, attempt, 1, "e1", "maybe"), RejectionCode.INVALID_COMMAND)
+    run.accept(outcome_cmd(run.run_id, attempt, 1, "e1", "unknown"))
+    assert run.decide(outcome_cmd(run.run_id, attempt, 1, "e1", "unknown")) == (), "the same fact again"
+    run.accept(outcome_cmd(run.run_id, attempt, 1, "e1", "committed"))  # unknown is resolved later
+    run.refuse(outcome_cmd(run.run_id, attempt, 1, "e1", "failed"), RejectionCode.DUPLICATE_EFFECT)
+    assert run.decide(outcome_cmd(run.run_id, attempt, 1, "e1", "committed")) == ()
+
+
+# --- timers ------------------------------------------------------------------------------------
+
+
+def test_timers_mark_at_risk_then_expire_on_the_coordinators_clock_lease_4_lease_5_exe_5() -> None:
+    run = Run()
+    claimed = run.claim()
+    assert next_timer_at(run.state) == T0 + 45_000
+    assert decide_timers(run.state, T0 + 44_999) == ()
+    run.at(T0 + 45_000)
+    (at_risk,) = run.tick()
+    assert isinstance(at_risk, LeaseAtRisk) and at_risk.occurred_at == T0 + 45_000
+    assert run.tick() == (), "at risk is recorded once"
+    assert next_timer_at(run.state) == claimed.expires_at
+    run.at(claimed.expires_at + 777)
+    (expired,) = run.tick()
+    assert isinstance(expired, LeaseExpired)
+    assert expired.occurred_at == claimed.expires_at + 777 and expired.expires_at == claimed.expires_at
+    assert (expired.epoch, expired.lease_id, expired.last_sequence) == (1, claimed.lease_id, 0)
+    assert run.state.status is RunStatus.INTERRUPTED, "EXE-5: lease loss interrupts"
+    assert next_timer_at(run.state) is None
+
+
+# --- the lease certainty table -----------------------------------------------------------------
+
+_A, _R, _E, _V, _L = (
+    LeaseCertainty.ACTIVE,
+    LeaseCertainty.AT_RISK,
+    LeaseCertainty.EXPIRED,
+    LeaseCertainty.REVOKED,
+    LeaseCertainty.RELEASED,
+)
+# (source, target) -> the requirement that allows it; read from the spec, not from lifecycle.py.
+SPEC_LEASE_EDGES = {
+    (_A, _R): "LEASE-4/LEASE-5 no renewal for a fraction of the TTL: jeopardy",
+    (_R, _A): "LEASE-5 a confirmed renewal restores certainty",
+    (_A, _E): "LEASE-5/EXE-5 expiry on the coordinator's clock",
+    (_R, _E): "LEASE-5/EXE-5 expiry on the coordinator's clock",
+    (_A, _V): "LEASE-6/LEASE-7 takeover revokes",
+    (_R, _V): "LEASE-6/LEASE-7 takeover revokes",
+    (_A, _L): "EXE-4 a terminal report releases",
+    (_R, _L): "EXE-4 a terminal report releases",
+}
+
+
+@pytest.mark.parametrize(
+    "pair",
+    list(itertools.product(LeaseCertainty, LeaseCertainty)),
+    ids=lambda p: f"{p[0].value}->{p[1].value}",
+)
+def test_lease_certainty_transition_table_every_pair_lease_2(
+    pair: tuple[LeaseCertainty, LeaseCertainty],
+) -> None:
+    source, target = pair
+    assert (target in LEASE_TRANSITIONS[source]) == (pair in SPEC_LEASE_EDGES)
+    if pair in SPEC_LEASE_EDGES or source is target:
+        # Restating the current certainty (e.g. renewing an active lease) is not a transition.
+        assert check_lease_transition(source, target) is target
+    else:
+        with pytest.raises(ValueError, match=f"{source.value} to {target.value}"):
+            check_lease_transition(source, target)
+
+
+def test_ended_leases_never_come_back_and_the_table_is_read_only_lease_6() -> None:
+    for ended in (_E, _V, _L):
+        assert LEASE_TRANSITIONS[ended] == frozenset()
+    assert set(LEASE_TRANSITIONS) == set(LeaseCertainty)
+    with pytest.raises(TypeError):
+        LEASE_TRANSITIONS[_E] = frozenset({_A})  # type: ignore[index]
+
+
+# --- properties: competing runners ------------------------------------------------------------
+
+RUNNERS = ("runner-a", "runner-b", "runner-c")
+ACTIONS = (
+    "claim",
+    "claim",
+    "renew",
+    "renew",
+    "renew",
+    "report",
+    "takeover",
+    "takeover",
+    "intent",
+    "outcome",
+    "tick",
+    "tick",
+)
+# Mostly heartbeat-sized steps, sometimes long enough for at-risk or expiry.
+ADVANCES = (0, 0, 1_000, 2_000, 5_000, 10_000, 20_000, 46_000, 100_000)
+_FENCED = ("renew", "report", "intent")
+Step = tuple[str, int, int, int]  # action, runner index, ms the clock moves first, variant
+
+
+class UnfoldableDecision(AssertionError):
+    """`decide` returned an event that `evolve` refuses (the processor would fail the batch)."""
+
+
+@dataclasses.dataclass
+class RunnerView:
+    """What one runner believes it holds; it keeps believing it after losing the lease."""
+
+    attempt_id: str
+    epoch: int
+    sequence: int
+
+
+class CompetingRunners:
+    """Several runners and an operator drive one run; every decision is checked as it is made."""
+
+    def __init__(self, retry_safe: bool, max_attempts: int, lease_seconds: int) -> None:
+        self.run = Run(retry_safe=retry_safe, max_attempts=max_attempts)
+        self.lease_seconds = lease_seconds
+        self.views: dict[str, RunnerView | None] = dict.fromkeys(RUNNERS)
+        self.effects: list[tuple[str, int]] = []
+        self.states: list[RunState] = [self.run.state]
+        self.fenced_accepts: list[tuple[RunnerView, RunState, RunEvent, int]] = []
+        self.stale_answers: list[tuple[RunnerView, RunState, Decision]] = []
+
+    def _guess(self, variant: int) -> RunnerView:
+        # A runner that was never granted anything tries its luck with an epoch it was not given.
+        # It does not forge the holder's attempt id: that is a question of who may speak for a
+        # holder (authentication), not of fencing a holder whose epoch went stale.
+        return RunnerView(f"att_forged_{variant + 1}", variant + 1, 1)
+
+    def _command(self, index: int, action: str, runner: str, variant: int) -> RunCommand:
+        run_id, view = self.run.run_id, self.views[runner] or self._guess(variant)
+        cid = f"sim-{index}-{action}"
+        if action == "claim":
+            return claim_cmd(run_id, runner, command_id=cid, lease_seconds=self.lease_seconds)
+        if action == "renew":
+            sequence = view.sequence if variant == 0 else view.sequence + 1
+            return renew_cmd(run_id, view.attempt_id, view.epoch, sequence, command_id=cid)
+        if action == "report":
+            outcome = "succeeded" if variant % 2 == 0 else "failed"
+            return report_cmd(run_id, view.attempt_id, view.epoch, view.sequence + 1, outcome, command_id=cid)
+        if action == "takeover":
+            kind = "human" if variant == 0 else "runner"
+            return takeover_cmd(run_id, f"step {index}", runner, holder_kind=kind, command_id=cid)
+        if action == "intent":
+            effect = (
+                self.effects[variant % len(self.effects)][0] if self.effects and variant == 0 else f"e{index}"
+            )
+            return intent_cmd(run_id, view.attempt_id, view.epoch, effect, command_id=cid)
+        effect_id, epoch = self.effects[variant % len(self.effects)] if self.effects else ("e-none", 1)
+        outcome = ("committed", "failed", "unknown", "committed")[variant]
+        return outcome_cmd(run_id, view.attempt_id, epoch, effect_id, outcome, command_id=cid)
+
+    def _apply(self, events: tuple[RunEvent, ...], why: object) -> None:
+        for event in events:
+            try:
+                self.run.apply((event,))
+            except Exception as exc:
+                raise UnfoldableDecision(f"{why} produced {event!r}, which evolve refuses: {exc}") from exc
+
+    def step(self, index: int, step: Step) -> None:
+        action, who, advance, variant = step
+        self.run.at(self.run.now + advance)
+        before = self.run.state
+        if action == "tick":
+            self._apply(decide_timers(before, self.run.now), "decide_timers")
+            self.states.append(self.run.state)
+            return
+        # Renewals, reports and effects come mostly from runners that were granted something
+        # (current or stale); a runner that never was only speaks when nobody else can.
+        speakers = [r for r in RUNNERS if self.views[r] is not None] if action in _FENCED else []
+        runner = (speakers or list(RUNNERS))[who % len(speakers or RUNNERS)]
+        view = self.views[runner]
+        command = self._command(index, action, runner, variant)
+        decision = self.run.decide(command)
+        if view is not None and view.epoch < before.epoch and action in _FENCED:
+            self.stale_answers.append((dataclasses.replace(view), before, decision))
+        if isinstance(decision, Rejection):
+            return
+        self._apply(decision, command)
+        self.states.append(self.run.state)
+        for event in decision:
+            if isinstance(event, AttemptClaimed):
+                self.views[runner] = RunnerView(event.attempt_id, event.epoch, 0)
+            elif isinstance(event, LeaseTakenOver):
+                self.views[event.holder] = RunnerView(event.attempt_id, event.epoch, 0)
+            elif isinstance(event, (LeaseRenewed, AttemptReported, EffectIntentRecorded)):
+                assert view is not None, f"{runner} held nothing, yet {type(event).__name__} was accepted"
+                self.fenced_accepts.append((dataclasses.replace(view), before, event, self.run.now))
+                if isinstance(event, EffectIntentRecorded):
+                    self.effects.append((event.effect_id, event.epoch))
+                else:
+                    view.sequence = event.sequence
+
+
+def assert_lease_invariants_lease_3(sim: CompetingRunners) -> None:
+    events = sim.run.events
+    grants = [e.epoch for e in events if isinstance(e, (AttemptClaimed, LeaseTakenOver))]
+    assert grants == list(range(1, len(grants) + 1)), f"epochs granted: {grants}"
+    assert sim.run.state.epoch == len(grants)
+    assert len({e.event_id for e in events}) == len(events), "an event id was produced twice"
+    # Which leases are held, rebuilt from the events alone: never more than one at any moment.
+    held: set[int] = set()
+    for event in events:
+        if isinstance(event, AttemptClaimed):
+            assert not held, f"epoch {event.epoch} was granted while {held} was held"
+            held.add(event.epoch)
+        elif isinstance(event, LeaseTakenOver):
+            assert held == {event.previous_epoch}
+            held = {event.epoch}
+        elif isinstance(event, (LeaseExpired, AttemptReported)):
+            assert held == {event.epoch}
+            held.clear()
+        assert len(held) <= 1
+    lease = sim.run.state.lease
+    assert held == ({lease.epoch} if lease is not None and lease.held else set())
+    # Every accepted renewal, report and effect came from the holder of the newest epoch, in time.
+    for view, before, event, now in sim.fenced_accepts:
+        assert before.lease is not None and before.lease.held
+        assert (view.epoch, view.attempt_id) == (before.epoch, before.lease.attempt_id)
+        assert event.epoch == before.epoch and now < before.lease.expires_at  # type: ignore[union-attr]
+    for view, before, decision in sim.stale_answers:
+        assert isinstance(decision, Rejection) and decision.code is RejectionCode.STALE_EPOCH, (
+            f"a runner at epoch {view.epoch} (run at {before.epoch}) got {decision}"
+        )
+
+
+_STEPS = st.lists(
+    st.tuples(
+        st.sampled_from(ACTIONS),
+        st.integers(min_value=0, max_value=len(RUNNERS) - 1),
+        st.sampled_from(ADVANCES),
+        st.integers(min_value=0, max_value=3),
+    ),
+    min_size=8,
+    max_size=50,
+)
+_SCENARIO = {
+    "retry_safe": st.booleans(),
+    "max_attempts": st.integers(min_value=1, max_value=4),
+    "lease_seconds": st.sampled_from((0, 10, 30)),
+    "steps": _STEPS,
+}
+# a claims and starts, b takes over, a keeps going as if nothing happened, b's lease runs out,
+# c claims the requeued run, a and b both try to finish it.
+_STALE_RUNNERS: list[Step] = [
+    ("claim", 0, 0, 1),
+    ("renew", 0, 1_000, 1),
+    ("intent", 0, 0, 1),
+    ("takeover", 1, 1_000, 1),
+    ("renew", 0, 1_000, 1),
+    ("intent", 0, 0, 1),
+    ("renew", 1, 1_000, 1),
+    ("intent", 1, 0, 0),
+    ("tick", 0, 100_000, 0),
+    ("claim", 2, 1_000, 0),
+    ("report", 0, 0, 0),
+    ("report", 1, 0, 1),
+    ("outcome", 0, 0, 0),
+    ("renew", 2, 5_000, 1),
+    ("report", 2, 0, 0),
+]
+
+
+# A task that finishes before its first heartbeat: claim, then report at once.
+_FAST_FINISH: list[Step] = [("claim", 0, 0, 0), ("report", 0, 1_000, 0)]
+
+
+def _simulate(
+    retry_safe: bool, max_attempts: int, lease_seconds: int, steps: list[Step], check: bool = False
+) -> CompetingRunners:
+    sim = CompetingRunners(retry_safe, max_attempts, lease_seconds)
+    for index, step in enumerate(steps):
+        sim.step(index, step)
+        if check:
+            assert_lease_invariants_lease_3(sim)
+    return sim
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**_SCENARIO)
+@example(retry_safe=True, max_attempts=3, lease_seconds=0, steps=_STALE_RUNNERS)
+@example(retry_safe=True, max_attempts=3, lease_seconds=0, steps=_FAST_FINISH)
+def test_competing_runners_never_share_an_epoch_and_stale_holders_are_fenced_lease_3(
+    retry_safe: bool, max_attempts: int, lease_seconds: int, steps: list[Step]
+) -> None:
+    """LEASE-3/EXE-4: over any interleaving of claims, renewals, reports, takeovers, effects and
+    timer ticks by runners that each act on their own (possibly stale) idea of their epoch, no two
+    events grant the same epoch, epochs grow by one, at most one lease is held at any moment,
+    `decide` never yields an event `evolve` refuses, and a stale holder is always refused."""
+    _simulate(retry_safe, max_attempts, lease_seconds, steps, check=True)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**_SCENARIO, cut=st.integers(min_value=0))
+@example(retry_safe=True, max_attempts=3, lease_seconds=0, steps=_STALE_RUNNERS, cut=5)
+@example(retry_safe=True, max_attempts=3, lease_seconds=0, steps=_FAST_FINISH, cut=5)
+def test_lease_replay_equals_incremental_dur_1(
+    retry_safe: bool, max_attempts: int, lease_seconds: int, steps: list[Step], cut: int
+) -> None:
+    """Replay: the fold of all lease events equals the incrementally evolved state, also from a
+    snapshot taken at any point."""
+    sim = _simulate(retry_safe, max_attempts, lease_seconds, steps)
+    events = sim.run.events
+    assert fold(events) == sim.run.state
+    cut %= len(events) + 1
+    assert fold(events[cut:], fold(events[:cut])) == sim.run.state
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**_SCENARIO)
+@example(retry_safe=True, max_attempts=3, lease_seconds=0, steps=_STALE_RUNNERS)
+@example(retry_safe=True, max_attempts=3, lease_seconds=0, steps=_FAST_FINISH)
+def test_state_codec_round_trips_every_reachable_lease_state(
+    retry_safe: bool, max_attempts: int, lease_seconds: int, steps: list[Step]
+) -> None:
+    """DUR-1 (the processor's store holds encode_state): every state the lease protocol can reach
+    comes back from its bytes unchanged, leases, certainties and effects included."""
+    sim = _simulate(retry_safe, max_attempts, lease_seconds, steps)
+    for state in sim.states:
+        assert decode_state(encode_state(state)) == state
