@@ -15,6 +15,7 @@ __all__ = [
     "HeartbeatRequest",
     "PendingCommand",
     "ReportRequest",
+    "RetryRequest",
     "RunPage",
     "SubmitRunRequest",
     "TakeoverRequest",
@@ -76,7 +77,10 @@ class ReportRequest(BaseModel):
 
     leaseEpoch: int = Field(ge=1)
     sequence: int = Field(ge=1)
-    outcome: Literal["succeeded", "failed"]
+    outcome: Literal["succeeded", "failed", "cancelled", "preparation_failed"] = Field(
+        description="cancelled confirms a requested stop; "
+        "preparation_failed means no external effect happened yet (EXE-11)"
+    )
     errorCode: str = Field("", max_length=200)
     detail: str = Field("", max_length=4000)
 
@@ -88,3 +92,12 @@ class TakeoverRequest(BaseModel):
     newHolder: str = Field(min_length=1, max_length=200)
     holderKind: Literal["runner", "human"] = "human"
     leaseSeconds: int | None = Field(default=None, ge=1, le=3600)
+
+
+class RetryRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    acknowledgeRepeatedEffects: bool = Field(
+        False, description="I understand that external actions of the earlier attempt may repeat (EXE-5)."
+    )
+    reason: str = Field("", max_length=2000)

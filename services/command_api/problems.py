@@ -142,6 +142,19 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
             "duplicate-effect", "Effect already recorded", 409, "This effect id is already recorded."
         ),
         ProblemType("unknown-effect", "Unknown effect", 409, "No intent was recorded for this effect."),
+        ProblemType(
+            "retry-needs-acknowledgement",
+            "Acknowledge that external actions may repeat",
+            409,
+            "An explicit retry may repeat effects of the failed attempt (EXE-5); send "
+            "acknowledgeRepeatedEffects=true to go ahead.",
+        ),
+        ProblemType(
+            "cancel-already-requested",
+            "The run is already stopping",
+            409,
+            "A cancel or a deadline stop was already requested; the runner must confirm it.",
+        ),
     )
 }
 
@@ -163,6 +176,8 @@ REJECTION_PROBLEMS = {
     "TAKEOVER_NOT_POSSIBLE": "takeover-not-possible",
     "DUPLICATE_EFFECT": "duplicate-effect",
     "UNKNOWN_EFFECT": "unknown-effect",
+    "RETRY_NEEDS_ACKNOWLEDGEMENT": "retry-needs-acknowledgement",
+    "CANCEL_ALREADY_REQUESTED": "cancel-already-requested",
 }
 
 

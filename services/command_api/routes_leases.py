@@ -128,6 +128,8 @@ def leases_router(ctx: ApiContext) -> APIRouter:
         outcome = await ctx.publish_and_wait(command, wait_for_view=False)
         if isinstance(outcome, Outcome):
             event = outcome.decided.event
+            view = await ctx.view(run_id) or {}
+            stop = view.get("stop") or {}
             return {
                 "attemptId": attempt_id,
                 "epoch": body.leaseEpoch,
@@ -135,7 +137,11 @@ def leases_router(ctx: ApiContext) -> APIRouter:
                 "expiresAt": getattr(event, "expires_at", None),
                 "serverTime": event.occurred_at,
                 "certainty": "active",
-                "runStatus": "running",
+                "runStatus": view.get("status", "running"),
+                # EXE-7/EXE-10: the runner learns of a requested stop on its next heartbeat.
+                "stopRequested": view.get("status") == "cancelling",
+                "stopKind": stop.get("kind"),
+                "stopGraceUntil": stop.get("graceUntil"),
             }
         if isinstance(outcome, Rejected) and outcome.rejection.code == "DUPLICATE_SEQUENCE":
             view = await existing_run(run_id)

@@ -15,16 +15,19 @@ from services.command_api.models import (
     STATUS_VALUES,
     CancelRequest,
     PendingCommand,
+    RetryRequest,
     RunPage,
     SubmitRunRequest,
 )
 from services.command_api.problems import PROBLEM_TYPES, ApiProblem
-from services.common.contracts import CancelRun, SubmitRun
+from services.common.contracts import CancelRun, RetryRun, SubmitRun
 from services.common.decisions import Rejected
 from services.common.ids import canonical_json, command_id_for, run_id_for, sha256_digest
 from services.projections.store import BadCursor
 
-__all__ = ["runs_router"]
+__all__ = ["caused_by", "runs_router"]
+
+TERMINAL_VALUES = ("succeeded", "failed", "cancelled")
 
 
 def caused_by(view: dict[str, Any], command_id: str) -> bool:
@@ -106,6 +109,69 @@ def runs_router(ctx: ApiContext) -> APIRouter:
             return rejection_problem(outcome, request.url.path)
         if isinstance(outcome, PendingCommand):
             return pending_response(outcome)
+        return outcome.view
+
+    @router.post(
+        "/runs/{run_id}/retry", summary="Retry a run: same run if interrupted, a new run if it ended"
+    )
+    async def retry_run(
+        run_id: str,
+        body: RetryRequest,
+        request: Request,
+        response: Response,
+        idempotency_key: str | None = Header(default=None, alias="Idempotency-Key", max_length=200),
+    ) -> Any:
+        who = ctx.principal(request)  # a fresh permission check, by whoever retries now
+        current = await ctx.view(run_id)
+        if current is None:
+            raise ApiProblem("run-not-found", f"run {run_id} does not exist", runId=run_id)
+        if not body.acknowledgeRepeatedEffects:
+            raise ApiProblem(
+                "retry-needs-acknowledgement",
+                "external actions of the earlier attempt may repeat; send acknowledgeRepeatedEffects=true",
+                runId=run_id,
+            )
+        key = idempotency_key or uuid.uuid4().hex
+        command: SubmitRun | RetryRun
+        if current["status"] in TERMINAL_VALUES:
+            # EXE-5: a terminal run is never reopened; its retry is a new run that points back.
+            child_key = f"retry:{run_id}:{key}"
+            child_id = run_id_for(current["tenant"], child_key)
+            command = SubmitRun(
+                command_id=command_id_for(child_id, "SubmitRun", child_key),
+                run_id=child_id,
+                issued_at=ctx.deps.clock.now_ms(),
+                correlation_id=request.headers.get("x-correlation-id") or run_id,
+                actor=who.name,
+                tenant=current["tenant"],
+                idempotency_key=child_key,
+                execution_spec=canonical_json(current["executionSpec"]),
+                retry_safe=current["retrySafe"],
+                timeout_seconds=current["timeoutSeconds"],
+                max_attempts=current["maxAttempts"],
+                parent_run_id=run_id,
+            )
+            existing = await ctx.view(child_id)
+            if existing is not None:
+                return existing
+        else:
+            command = RetryRun(
+                command_id=command_id_for(run_id, "RetryRun", key),
+                run_id=run_id,
+                issued_at=ctx.deps.clock.now_ms(),
+                correlation_id=request.headers.get("x-correlation-id") or run_id,
+                actor=who.name,
+                acknowledge_repeated_effects=True,
+                reason=body.reason,
+            )
+        outcome = await ctx.publish_and_wait(command)
+        if isinstance(outcome, Rejected):
+            return rejection_problem(outcome, request.url.path)
+        if isinstance(outcome, PendingCommand):
+            return pending_response(outcome)
+        if isinstance(command, SubmitRun):
+            response.status_code = 201
+            response.headers["Location"] = f"/runs/{command.run_id}"
         return outcome.view
 
     @router.get("/runs/{run_id}", summary="The Run view")

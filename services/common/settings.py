@@ -33,6 +33,12 @@ class TenureSettings(BaseSettings):
     heartbeat_seconds: int = Field(default=20, ge=1, le=1800, description="Default heartbeat interval.")
     lease_at_risk_fraction: float = Field(default=0.5, gt=0, lt=1)
     timer_interval_s: float = Field(default=0.1, gt=0, le=5)
+    stop_grace_seconds: float = Field(
+        default=30, gt=0, le=3600, description="How long a runner has to confirm a cancel or deadline stop."
+    )
+    auto_retry: bool = Field(
+        default=True, description="Organisation policy: automatic retries allowed (EXE-5)."
+    )
     framework_log_level: str = Field(default="WARNING", description="Log level of faust itself.")
 
     def bootstrap_servers(self) -> str:

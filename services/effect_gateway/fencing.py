@@ -12,6 +12,8 @@ from services.common.contracts import (
     LeaseExpired,
     LeaseTakenOver,
     RunEvent,
+    RunFailed,
+    RunInterrupted,
 )
 
 __all__ = ["FencingView", "fold_fencing"]
@@ -37,6 +39,8 @@ def fold_fencing(view: FencingView | None, event: RunEvent) -> FencingView:
         return replace(view, epoch=event.epoch, attempt_id=event.attempt_id, lease_held=True)
     if isinstance(event, (LeaseExpired, AttemptReported)) and event.epoch == view.epoch:
         return replace(view, lease_held=False)
+    if isinstance(event, (RunInterrupted, RunFailed)):
+        return replace(view, lease_held=False)  # a stop never confirmed revokes the lease
     if isinstance(event, EffectIntentRecorded):
         return replace(view, effects={**view.effects, event.effect_id: "intended"})
     if isinstance(event, EffectOutcomeRecorded):

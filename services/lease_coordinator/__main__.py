@@ -28,6 +28,8 @@ def main() -> None:
         default_lease_ms=settings.lease_seconds * 1000,
         default_heartbeat_ms=settings.heartbeat_seconds * 1000,
         at_risk_fraction=settings.lease_at_risk_fraction,
+        stop_grace_ms=int(settings.stop_grace_seconds * 1000),
+        auto_retry=settings.auto_retry,
     )
     processor = RunCommandProcessor(event_log, store, MessageCodec(), SystemClock(), policy)
     stream = CommandStream(

@@ -302,7 +302,7 @@ class RunCommandProcessor:
                 state = changes.after.get(run_id) or self._load(run_id)
                 if state is None:
                     continue
-                for event in decide_timers(state, now):
+                for event in decide_timers(state, now, self._policy):
                     state = changes.apply(partition, state, event)
                     out.append(self._codec.outbound(RUNS_EVENTS.name, run_id, event, partition))
         if out:

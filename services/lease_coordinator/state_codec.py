@@ -12,6 +12,8 @@ from services.lease_coordinator.domain import (
     LeaseState,
     RunState,
     RunStatus,
+    StopKind,
+    StopRequest,
 )
 
 __all__ = ["decode_state", "encode_state"]
@@ -23,6 +25,8 @@ def encode_state(state: RunState) -> bytes:
     data["handled_commands"] = list(state.handled_commands)
     if state.lease is not None:
         data["lease"]["certainty"] = state.lease.certainty.value
+    if state.stop is not None:
+        data["stop"]["kind"] = state.stop.kind.value
     return json.dumps(data, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 
@@ -35,4 +39,8 @@ def decode_state(raw: bytes) -> RunState:
         lease["certainty"] = LeaseCertainty(lease["certainty"])
         data["lease"] = LeaseState(**lease)
     data["effects"] = tuple(EffectRecord(**e) for e in data.get("effects", ()))
+    stop = data.get("stop")
+    if stop is not None:
+        stop["kind"] = StopKind(stop["kind"])
+        data["stop"] = StopRequest(**stop)
     return RunState(**data)

@@ -14,6 +14,7 @@ from typing import Any
 from services.common.contracts import (
     AttemptClaimed,
     AttemptReported,
+    DeadlineReached,
     EffectIntentRecorded,
     EffectOutcomeRecorded,
     LeaseAtRisk,
@@ -21,8 +22,12 @@ from services.common.contracts import (
     LeaseRenewed,
     LeaseTakenOver,
     RunCancelled,
+    RunCancelRequested,
     RunEvent,
+    RunFailed,
+    RunInterrupted,
     RunRequeued,
+    RunRetried,
     RunSubmitted,
     to_record,
 )
@@ -98,6 +103,8 @@ def _apply_lease_event(view: dict[str, Any], event: RunEvent) -> None:
     lease = view.get("lease")
     at = event.occurred_at
     if isinstance(event, AttemptClaimed):
+        if view.get("deadlineAt") is None:
+            view["deadlineAt"] = event.deadline_at
         if lease is not None:
             view["leaseHistory"].append(lease)
         view["lease"] = _new_lease(event)
@@ -166,8 +173,26 @@ def _apply_lease_event(view: dict[str, Any], event: RunEvent) -> None:
     elif isinstance(event, AttemptReported):
         assert lease is not None
         _set_certainty(lease, "released", at)
-        view["status"] = event.outcome
-        view["statusReason"] = event.error_code or event.detail or None
+        if view["status"] == "cancelling":
+            stop = view.get("stop") or {}
+            if stop.get("kind") == "deadline":
+                view["status"], view["statusReason"] = (
+                    "failed",
+                    "DEADLINE_EXCEEDED: the runner confirmed the stop",
+                )
+            else:
+                view["status"] = "cancelled"
+                view["statusReason"] = (
+                    f"cancelled: the runner confirmed the stop (it reported {event.outcome}; "
+                    "a late success after a cancel is recorded, not applied)"
+                    if event.outcome == "succeeded"
+                    else "cancelled: the runner confirmed the stop"
+                )
+        elif event.outcome == "preparation_failed":
+            view["statusReason"] = f"preparation failed: {event.error_code or event.detail}"
+        else:
+            view["status"] = event.outcome
+            view["statusReason"] = event.error_code or event.detail or None
         for attempt in view["attempts"]:
             if attempt["attemptId"] == event.attempt_id:
                 attempt["outcome"] = event.outcome
@@ -193,6 +218,48 @@ def _apply_lease_event(view: dict[str, Any], event: RunEvent) -> None:
                 effect["status"], effect["detail"], effect["decidedAt"] = event.outcome, event.detail, at
 
 
+def _apply_stop_event(view: dict[str, Any], event: RunEvent) -> None:
+    at = event.occurred_at
+    lease = view.get("lease")
+    if isinstance(event, RunCancelRequested):
+        view["status"], view["statusReason"] = (
+            "cancelling",
+            f"cancel requested: {event.reason or 'no reason given'}",
+        )
+        view["stop"] = {
+            "kind": "cancel",
+            "requestedAt": at,
+            "graceUntil": event.grace_until,
+            "by": event.actor,
+        }
+    elif isinstance(event, DeadlineReached):
+        if event.stop_requested:
+            view["status"], view["statusReason"] = (
+                "cancelling",
+                "DEADLINE_EXCEEDED: stop requested from the runner",
+            )
+            view["stop"] = {
+                "kind": "deadline",
+                "requestedAt": at,
+                "graceUntil": event.grace_until,
+                "by": event.actor,
+            }
+        else:
+            view["status"], view["statusReason"] = "failed", f"DEADLINE_EXCEEDED at {event.deadline_at}"
+    elif isinstance(event, RunInterrupted):
+        view["status"], view["statusReason"] = "interrupted", f"{event.reason}: {event.detail}"
+        if lease is not None and lease["certainty"] in ("active", "at_risk"):
+            _set_certainty(lease, "revoked", at)
+    elif isinstance(event, RunFailed):
+        view["status"], view["statusReason"] = "failed", f"{event.code}: {event.detail}"
+        if lease is not None and lease["certainty"] in ("active", "at_risk"):
+            _set_certainty(lease, "revoked", at)
+    elif isinstance(event, RunRetried):
+        view["status"] = "queued"
+        view["statusReason"] = f"retried by {event.actor} (repeated effects acknowledged): {event.reason}"
+        view["stop"] = None
+
+
 def apply_event(view: dict[str, Any] | None, event: RunEvent) -> dict[str, Any] | None:
     """The view after `event`, or None when the event is a duplicate (already applied).
 
@@ -216,6 +283,9 @@ def apply_event(view: dict[str, Any] | None, event: RunEvent) -> dict[str, Any] 
             "timeoutSeconds": event.timeout_seconds,
             "maxAttempts": event.max_attempts,
             "labels": dict(event.labels),
+            "parentRunId": event.parent_run_id,
+            "deadlineAt": None,
+            "stop": None,
             "queueReservationId": event.queue_reservation_id,
             "attempts": [],
             "lease": None,
@@ -237,6 +307,8 @@ def apply_event(view: dict[str, Any] | None, event: RunEvent) -> dict[str, Any] 
         new["statusReason"] = event.reason or "cancelled by request"
         if event.reservation_released:
             new["queueReservationId"] = None
+    elif isinstance(event, (RunCancelRequested, DeadlineReached, RunInterrupted, RunFailed, RunRetried)):
+        _apply_stop_event(new, event)
     else:
         _apply_lease_event(new, event)
     return new

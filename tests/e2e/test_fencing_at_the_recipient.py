@@ -31,7 +31,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 @pytest.fixture(scope="module")
 def system(tenure_topics: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TenureSystem]:
-    s = TenureSystem(tenure_topics, tmp_path_factory.mktemp("fencing"), gateway=True).start()
+    s = TenureSystem(
+        tenure_topics,
+        tmp_path_factory.mktemp("fencing"),
+        gateway=True,
+        TENURE_TOOL_TIMEOUT_S="1",
+        TENURE_LEDGER_FAULTS="1",
+    ).start()
     yield s
     s.stop()
 
@@ -148,3 +154,28 @@ def test_a_paused_holder_lands_nothing_after_the_takeover_LEASE_3_LEASE_4_EXE_6(
         e["idempotencyKey"]: e["status"] for lease in record["previousLeases"] for e in lease["effects"]
     }
     assert all(recorded.get(key) == "committed" for key in committed_a)
+
+
+def test_a_timeout_after_the_effect_happened_is_reconciled_by_a_probe_not_a_second_dispatch_REC_6(
+    system: TenureSystem,
+) -> None:
+    with system.client() as client:
+        run_id = submit(client, f"probe-{uuid.uuid4()}")["runId"]
+        grant = claim(client, run_id, lease_seconds=60, heartbeat_seconds=10).json()
+    # The ledger commits, then sleeps past the gateway's 1 s tool timeout: the acknowledgement is lost.
+    armed = httpx.post(f"{system.ledger_url}/faults", json={"delayAfterCommitMs": 3000, "times": 1})
+    assert armed.status_code == 200, armed.text
+    key = f"probe-{run_id}"
+    first = _effect(system.gateway_url, run_id, grant["attemptId"], 1, key)
+    assert first.status_code == 200, first.text
+    assert first.json()["outcome"] == "committed" and first.json()["reconciled"] is True
+    again = _effect(system.gateway_url, run_id, grant["attemptId"], 1, key)
+    assert again.status_code == 200 and again.json()["outcome"] == "committed"
+
+    work = httpx.get(f"{system.ledger_url}/works/{run_id}").json()
+    assert [e["idempotencyKey"] for e in work["effects"]] == [key], "dispatched twice"
+    balance = httpx.get(f"{system.ledger_url}/accounts/acct-{run_id}").json()["balance"]
+    assert balance == 1
+    with system.client() as client:
+        effects = client.get(f"/runs/{run_id}/lease").json()["lease"]["effects"]
+    assert [(e["idempotencyKey"], e["status"]) for e in effects] == [(key, "committed")]

@@ -52,21 +52,41 @@ _RUN_SUBMITTED_V1 = {
     "maxAttempts": 3,
     "queueReservationId": "resv-9",
 }
+_SUBMIT_RUN_V1 = {
+    **_COMMAND,
+    "tenant": "acme",
+    "idempotencyKey": "idem-2026-01-01-é",
+    "executionSpec": _SPEC,
+    "retrySafe": True,
+    "timeoutSeconds": 3600,
+    "maxAttempts": 5,
+}
 # One Run's lease story: runner-7 claims it, renews, goes quiet, and an operator takes over.
 _ATTEMPT = {"attemptId": "att-0001-1", "leaseId": "lease-0001-1", "epoch": 1}
+_ATTEMPT_CLAIMED_V1 = {
+    **_EVENT,
+    **_ATTEMPT,
+    "actor": "runner:runner-7",
+    "correlationId": "corr-claim-1",
+    "eventId": "evt-claimed-2",
+    "version": 2,
+    "causationId": "cmd-claim-1",
+    "attemptNumber": 1,
+    "holder": "runner-7",
+    "holderKind": "runner",
+    "capabilities": ["checkpoint-v1", "gpu-a100"],
+    "leaseSeconds": 90,
+    "heartbeatSeconds": 20,
+    "atRiskAfterMs": 40_000,
+    "expiresAt": 1_767_225_690_456,
+}
+# The first claim (occurredAt ...600_456) fixes the deadline: timeoutSeconds 3600 later (EXE-10).
+_DEADLINE_AT = 1_767_229_200_456
 _HOLDER_COMMAND = {**_COMMAND, "actor": "runner:runner-7", "correlationId": "corr-claim-1"}
 _LEASE_EVENT = {**_EVENT, "actor": "runner:runner-7", "correlationId": "corr-claim-1"}
 
 SAMPLES: dict[tuple[str, int], dict[str, Any]] = {
-    ("tenure.runs.commands.SubmitRun", 1): {
-        **_COMMAND,
-        "tenant": "acme",
-        "idempotencyKey": "idem-2026-01-01-é",
-        "executionSpec": _SPEC,
-        "retrySafe": True,
-        "timeoutSeconds": 3600,
-        "maxAttempts": 5,
-    },
+    ("tenure.runs.commands.SubmitRun", 1): _SUBMIT_RUN_V1,
     ("tenure.runs.commands.CancelRun", 1): {
         **_COMMAND,
         "commandId": "cmd-cancel-1",
@@ -152,21 +172,7 @@ SAMPLES: dict[tuple[str, int], dict[str, Any]] = {
         "outcome": "unknown",
         "detail": "connection reset after the request was sent",
     },
-    ("tenure.runs.events.AttemptClaimed", 1): {
-        **_LEASE_EVENT,
-        **_ATTEMPT,
-        "eventId": "evt-claimed-2",
-        "version": 2,
-        "causationId": "cmd-claim-1",
-        "attemptNumber": 1,
-        "holder": "runner-7",
-        "holderKind": "runner",
-        "capabilities": ["checkpoint-v1", "gpu-a100"],
-        "leaseSeconds": 90,
-        "heartbeatSeconds": 20,
-        "atRiskAfterMs": 40_000,
-        "expiresAt": 1_767_225_690_456,
-    },
+    ("tenure.runs.events.AttemptClaimed", 1): _ATTEMPT_CLAIMED_V1,
     ("tenure.runs.events.LeaseRenewed", 1): {
         **_LEASE_EVENT,
         **_ATTEMPT,
@@ -268,6 +274,89 @@ SAMPLES: dict[tuple[str, int], dict[str, Any]] = {
         "effectId": "eff-1",
         "outcome": "unknown",
         "detail": "connection reset after the request was sent",
+    },
+    # --- cancel of running runs, deadlines, retries (issue 4) ---
+    ("tenure.runs.commands.SubmitRun", 2): {
+        **_SUBMIT_RUN_V1,
+        "commandId": "cmd-resubmit-1",
+        "runId": "run-0002",
+        "idempotencyKey": "retry-of-run-0001",
+        "parentRunId": "run-0001",
+    },
+    ("tenure.runs.events.RunSubmitted", 3): {
+        **_RUN_SUBMITTED_V1,
+        "labels": {"team": "search", "priority": "high"},
+        "parentRunId": "run-0000",
+    },
+    ("tenure.runs.events.AttemptClaimed", 2): {
+        **_ATTEMPT_CLAIMED_V1,
+        "deadlineAt": _DEADLINE_AT,
+    },
+    ("tenure.runs.commands.RetryRun", 1): {
+        **_COMMAND,
+        "commandId": "cmd-retry-1",
+        "acknowledgeRepeatedEffects": True,
+        "reason": "повторить: внешний сервис снова доступен",
+    },
+    ("tenure.runs.events.RunCancelRequested", 1): {
+        **_EVENT,
+        "occurredAt": 1_767_225_630_000,
+        "eventId": "evt-cancel-requested-4",
+        "version": 4,
+        "causationId": "cmd-cancel-1",
+        "reason": "отмена оператором ✓",
+        "previousStatus": "running",
+        "attemptId": "att-0001-1",
+        "epoch": 1,
+        "graceUntil": 1_767_225_660_000,
+    },
+    ("tenure.runs.events.RunInterrupted", 1): {
+        **_EVENT,
+        "actor": "system:lease-coordinator",
+        "occurredAt": 1_767_225_660_010,
+        "eventId": "evt-interrupted-5",
+        "version": 5,
+        "causationId": "evt-cancel-requested-4",
+        "reason": "CANCEL_UNCONFIRMED",
+        "attemptId": "att-0001-1",
+        "epoch": 1,
+        "detail": "runner-7 did not confirm the stop within 30 s",
+    },
+    ("tenure.runs.events.DeadlineReached", 1): {
+        **_LEASE_EVENT,
+        "actor": "system:lease-coordinator",
+        "occurredAt": 1_767_229_200_731,
+        "eventId": "evt-deadline-7",
+        "version": 7,
+        "causationId": "evt-renewed-6",
+        "deadlineAt": _DEADLINE_AT,
+        "previousStatus": "running",
+        "stopRequested": True,
+        "attemptId": "att-0001-1",
+        "epoch": 1,
+        "graceUntil": 1_767_229_230_731,
+    },
+    ("tenure.runs.events.RunFailed", 1): {
+        **_LEASE_EVENT,
+        "occurredAt": 1_767_229_210_004,
+        "eventId": "evt-failed-8",
+        "version": 8,
+        "causationId": "cmd-report-2",
+        "code": "DEADLINE_EXCEEDED",
+        "detail": "stopped at the deadline; остановлено по сроку",
+        "attemptId": "att-0001-1",
+        "epoch": 1,
+    },
+    ("tenure.runs.events.RunRetried", 1): {
+        **_EVENT,
+        "occurredAt": 1_767_225_700_000,
+        "eventId": "evt-retried-6",
+        "version": 6,
+        "causationId": "cmd-retry-1",
+        "acknowledgedRepeatedEffects": True,
+        "reason": "повторить: внешний сервис снова доступен",
+        "attemptsUsed": 1,
+        "previousStatus": "interrupted",
     },
 }
 

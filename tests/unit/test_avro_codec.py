@@ -197,6 +197,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "retrySafe": False,
         "timeoutSeconds": 600,
         "maxAttempts": 3,
+        "parentRunId": "run-0",
     },
     CANCEL_RUN: {
         "commandId": "cmd-2",
@@ -223,6 +224,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "maxAttempts": 3,
         "queueReservationId": "resv-1",
         "labels": {"team": "infra"},
+        "parentRunId": None,
     },
     RUN_CANCELLED: {
         "eventId": "evt-2",
@@ -251,17 +253,20 @@ SAMPLES: dict[str, dict[str, Any]] = {
     },
 }
 
-# Lease and effect records (issue 3) take their values from their newest golden sample, which
-# make_golden.py writes from hand-picked values; naming them here one by one keeps
-# test_samples_cover_every_record_name a real check that a new schema gets a sample.
+# Lease and effect records (issue 3) and lifecycle records (issue 4) take their values from
+# their newest golden sample, which make_golden.py writes from hand-picked values; naming them
+# here one by one keeps test_samples_cover_every_record_name a real check that a new schema
+# gets a sample.
 _LEASE_COMMANDS = "ClaimRun RenewLease ReportAttempt TakeOverLease RecordEffectIntent RecordEffectOutcome"
 _LEASE_EVENTS = (
     "AttemptClaimed LeaseRenewed LeaseAtRisk LeaseExpired RunRequeued LeaseTakenOver AttemptReported"
     " EffectIntentRecorded EffectOutcomeRecorded"
 )
+_LIFECYCLE_COMMANDS = "RetryRun"
+_LIFECYCLE_EVENTS = "RunCancelRequested RunInterrupted DeadlineReached RunFailed RunRetried"
 GOLDEN_SAMPLED = (
-    *(f"tenure.runs.commands.{name}" for name in _LEASE_COMMANDS.split()),
-    *(f"tenure.runs.events.{name}" for name in _LEASE_EVENTS.split()),
+    *(f"tenure.runs.commands.{name}" for name in f"{_LEASE_COMMANDS} {_LIFECYCLE_COMMANDS}".split()),
+    *(f"tenure.runs.events.{name}" for name in f"{_LEASE_EVENTS} {_LIFECYCLE_EVENTS}".split()),
 )
 
 
@@ -358,22 +363,24 @@ def test_timestamps_are_plain_epoch_millis_both_ways(registry: SchemaRegistry) -
 
 
 def test_defaults_fill_omitted_optional_fields(registry: SchemaRegistry) -> None:
-    record = {k: v for k, v in SAMPLES[SUBMIT_RUN].items() if k not in ("retrySafe", "maxAttempts")}
+    optional = ("retrySafe", "maxAttempts", "parentRunId")
+    record = {k: v for k, v in SAMPLES[SUBMIT_RUN].items() if k not in optional}
     decoded = registry.decode(registry.encode(SUBMIT_RUN, record)).record
     assert decoded["retrySafe"] is False
     assert decoded["maxAttempts"] == 3
+    assert decoded["parentRunId"] is None
 
 
-def test_run_submitted_v1_data_decodes_into_latest_reader_with_empty_labels(
+def test_run_submitted_v1_data_decodes_into_latest_reader_with_empty_labels_and_no_parent(
     registry: SchemaRegistry,
 ) -> None:
-    v1_record = {k: v for k, v in SAMPLES[RUN_SUBMITTED].items() if k != "labels"}
+    v1_record = {k: v for k, v in SAMPLES[RUN_SUBMITTED].items() if k not in ("labels", "parentRunId")}
     data = registry.encode(RUN_SUBMITTED, v1_record, version=1)
     assert data[2:10].hex() == registry.get(RUN_SUBMITTED, 1).fingerprint_hex
     decoded = registry.decode(data)
-    assert registry.latest(RUN_SUBMITTED).version == 2
+    assert registry.latest(RUN_SUBMITTED).version == 3
     assert decoded.version == 1
-    assert decoded.record == {**v1_record, "labels": {}}
+    assert decoded.record == {**v1_record, "labels": {}, "parentRunId": None}
 
 
 def test_decode_can_target_an_older_reader_version(registry: SchemaRegistry) -> None:
@@ -516,7 +523,7 @@ def test_headers_name_the_latest_schema_without_decoding(registry: SchemaRegistr
     assert registry.headers_for(RUN_SUBMITTED) == [
         ("tenure-schema", b"tenure.runs.events.RunSubmitted"),
         ("tenure-schema-fingerprint", data[2:10].hex().encode()),
-        ("tenure-schema-version", b"2"),
+        ("tenure-schema-version", b"3"),
     ]
     assert len(latest.fingerprint_hex) == 16
 
@@ -554,6 +561,7 @@ _submit_runs = st.fixed_dictionaries(
         "retrySafe": st.booleans(),
         "timeoutSeconds": _int32,
         "maxAttempts": _int32,
+        "parentRunId": st.none() | _text,
     }
 )
 _run_submitted = st.fixed_dictionaries(
@@ -574,6 +582,7 @@ _run_submitted = st.fixed_dictionaries(
         "maxAttempts": _int32,
         "queueReservationId": _text,
         "labels": st.dictionaries(_text, _text, max_size=5),
+        "parentRunId": st.none() | _text,
     }
 )
 

@@ -35,6 +35,8 @@ from services.common.contracts import (
     ReportAttempt,
     RunCommand,
     RunEvent,
+    RunFailed,
+    RunInterrupted,
     RunRequeued,
     TakeOverLease,
 )
@@ -60,7 +62,7 @@ from services.lease_coordinator.domain import (
 from services.lease_coordinator.domain.lifecycle import check_lease_transition
 from services.lease_coordinator.state_codec import decode_state, encode_state
 
-from .strategies import submit_command
+from .strategies import cancel_command, submit_command
 
 T0 = 1_767_225_600_000
 _ids = itertools.count()
@@ -242,7 +244,7 @@ class Run:
         return rejection
 
     def tick(self) -> tuple[RunEvent, ...]:
-        events = decide_timers(self.state, self.now)
+        events = decide_timers(self.state, self.now, self.policy)
         self.apply(events)
         return events
 
@@ -610,8 +612,8 @@ def test_report_ends_the_run_and_releases_the_lease_exe_4(outcome: str) -> None:
     lease = run.state.lease
     assert lease is not None and not lease.held
     assert (lease.certainty, lease.last_sequence) == (LeaseCertainty.RELEASED, 2)
-    assert next_timer_at(run.state) is None, "a released lease needs no timer"
-    assert decide_timers(run.state, claimed.expires_at + 1) == ()
+    assert next_timer_at(run.state) is None, "a released lease (of an ended run) needs no timer"
+    assert decide_timers(run.state, claimed.expires_at + 1, DEFAULT_POLICY) == ()
     # A further report under the released lease is refused; the same command again is a no-op.
     run.refuse(report_cmd(run.run_id, claimed.attempt_id, 1, 3, outcome), RejectionCode.LEASE_RELEASED)
     same = report_cmd(run.run_id, claimed.attempt_id, 1, 2, outcome, command_id=reported.causation_id)
@@ -623,6 +625,45 @@ def test_report_failed_while_preparing_fails_the_run_exe_11() -> None:
     claimed = run.claim()
     run.accept(report_cmd(run.run_id, claimed.attempt_id, 1, 1, "failed"))
     assert run.state.status is RunStatus.FAILED
+
+
+def test_a_preparation_failure_releases_the_lease_and_requeues_while_attempts_remain_exe_11() -> None:
+    run = Run(max_attempts=2)
+    first = run.claim("runner-a")
+    reported, requeued = run.accept(report_cmd(run.run_id, first.attempt_id, 1, 1, "preparation_failed"))
+    assert isinstance(reported, AttemptReported) and isinstance(requeued, RunRequeued)
+    assert run.state.lease is not None and run.state.lease.certainty is LeaseCertainty.RELEASED
+    assert run.state.status is RunStatus.QUEUED
+    second = run.claim("runner-b")
+    assert (second.epoch, second.attempt_number) == (2, 2)
+    run.refuse(renew_cmd(run.run_id, first.attempt_id, 1, 2), RejectionCode.STALE_EPOCH)
+    reported, failed = run.accept(report_cmd(run.run_id, second.attempt_id, 2, 1, "preparation_failed"))
+    assert isinstance(failed, RunFailed) and run.state.status is RunStatus.FAILED
+    assert run.state.lease is not None and not run.state.lease.held
+
+
+def test_a_lease_revoked_by_an_unconfirmed_stop_refuses_its_holder_lease_3_exe_7() -> None:
+    """Force-stop by fencing: the runner never confirmed the cancel, so its lease is revoked in
+    place (no new holder, no new epoch) and nothing it sends is accepted any more."""
+    run = Run()
+    claimed = run.claim()
+    run.renew(1)
+    run.accept(cancel_command(run.run_id, command_id=_cid("cancel")))
+    assert run.state.status is RunStatus.CANCELLING
+    assert run.state.lease is not None and run.state.lease.held, "the holder may still confirm"
+    assert run.state.stop is not None
+    run.at(run.state.stop.grace_until)
+    (interrupted,) = run.tick()
+    assert isinstance(interrupted, RunInterrupted) and interrupted.epoch == 1
+    assert run.state.status is RunStatus.INTERRUPTED and run.state.epoch == 1
+    assert run.state.lease is not None and run.state.lease.certainty is LeaseCertainty.REVOKED
+    attempt = claimed.attempt_id
+    for late in (
+        renew_cmd(run.run_id, attempt, 1, 2),
+        report_cmd(run.run_id, attempt, 1, 2),
+        intent_cmd(run.run_id, attempt, 1, "e-late"),
+    ):
+        run.refuse(late, RejectionCode.LEASE_REVOKED)
 
 
 def test_decide_never_returns_a_report_that_evolve_refuses_exe_4() -> None:
@@ -816,7 +857,7 @@ def test_timers_mark_at_risk_then_expire_on_the_coordinators_clock_lease_4_lease
     run = Run()
     claimed = run.claim()
     assert next_timer_at(run.state) == T0 + 45_000
-    assert decide_timers(run.state, T0 + 44_999) == ()
+    assert decide_timers(run.state, T0 + 44_999, DEFAULT_POLICY) == ()
     run.at(T0 + 45_000)
     (at_risk,) = run.tick()
     assert isinstance(at_risk, LeaseAtRisk) and at_risk.occurred_at == T0 + 45_000
@@ -828,7 +869,9 @@ def test_timers_mark_at_risk_then_expire_on_the_coordinators_clock_lease_4_lease
     assert expired.occurred_at == claimed.expires_at + 777 and expired.expires_at == claimed.expires_at
     assert (expired.epoch, expired.lease_id, expired.last_sequence) == (1, claimed.lease_id, 0)
     assert run.state.status is RunStatus.INTERRUPTED, "EXE-5: lease loss interrupts"
-    assert next_timer_at(run.state) is None
+    # No lease timer is left; only the run's deadline (EXE-10) still has one.
+    assert next_timer_at(run.state) == run.state.deadline_at == T0 + 3600 * 1000
+    assert decide_timers(run.state, run.state.deadline_at - 1, DEFAULT_POLICY) == ()
 
 
 # --- the lease certainty table -----------------------------------------------------------------
@@ -895,6 +938,7 @@ ACTIONS = (
     "outcome",
     "tick",
     "tick",
+    "cancel",
 )
 # Mostly heartbeat-sized steps, sometimes long enough for at-risk or expiry.
 ADVANCES = (0, 0, 1_000, 2_000, 5_000, 10_000, 20_000, 46_000, 100_000)
@@ -942,11 +986,13 @@ class CompetingRunners:
             sequence = view.sequence if variant == 0 else view.sequence + 1
             return renew_cmd(run_id, view.attempt_id, view.epoch, sequence, command_id=cid)
         if action == "report":
-            outcome = "succeeded" if variant % 2 == 0 else "failed"
+            outcome = ("succeeded", "failed", "cancelled", "preparation_failed")[variant]
             return report_cmd(run_id, view.attempt_id, view.epoch, view.sequence + 1, outcome, command_id=cid)
         if action == "takeover":
             kind = "human" if variant == 0 else "runner"
             return takeover_cmd(run_id, f"step {index}", runner, holder_kind=kind, command_id=cid)
+        if action == "cancel":
+            return cancel_command(run_id, command_id=cid, reason=f"step {index}")
         if action == "intent":
             effect = (
                 self.effects[variant % len(self.effects)][0] if self.effects and variant == 0 else f"e{index}"
@@ -968,9 +1014,11 @@ class CompetingRunners:
         self.run.at(self.run.now + advance)
         before = self.run.state
         if action == "tick":
-            self._apply(decide_timers(before, self.run.now), "decide_timers")
+            self._apply(decide_timers(before, self.run.now, self.run.policy), "decide_timers")
             self.states.append(self.run.state)
             return
+        if action == "cancel" and before.status not in (RunStatus.PREPARING, RunStatus.RUNNING):
+            return  # the operator stops held runs only; a queued run's cancel has nothing to fence
         # Renewals, reports and effects come mostly from runners that were granted something
         # (current or stale); a runner that never was only speaks when nobody else can.
         speakers = [r for r in RUNNERS if self.views[r] is not None] if action in _FENCED else []
@@ -1016,6 +1064,8 @@ def assert_lease_invariants_lease_3(sim: CompetingRunners) -> None:
         elif isinstance(event, (LeaseExpired, AttemptReported)):
             assert held == {event.epoch}
             held.clear()
+        elif isinstance(event, (RunInterrupted, RunFailed)):
+            held.clear()  # an unconfirmed stop or a failure revokes whatever was still held
         assert len(held) <= 1
     lease = sim.run.state.lease
     assert held == ({lease.epoch} if lease is not None and lease.held else set())
@@ -1069,6 +1119,14 @@ _STALE_RUNNERS: list[Step] = [
 
 # A task that finishes before its first heartbeat: claim, then report at once.
 _FAST_FINISH: list[Step] = [("claim", 0, 0, 0), ("report", 0, 1_000, 0)]
+# A cancel the runner never confirms: the grace period ends and its lease is revoked in place.
+_UNCONFIRMED_CANCEL: list[Step] = [
+    ("claim", 0, 0, 0),
+    ("renew", 0, 1_000, 1),
+    ("cancel", 0, 0, 0),
+    ("tick", 0, 46_000, 0),
+    ("renew", 0, 0, 1),
+]
 
 
 def _simulate(
@@ -1086,6 +1144,7 @@ def _simulate(
 @given(**_SCENARIO)
 @example(retry_safe=True, max_attempts=3, lease_seconds=0, steps=_STALE_RUNNERS)
 @example(retry_safe=True, max_attempts=3, lease_seconds=0, steps=_FAST_FINISH)
+@example(retry_safe=True, max_attempts=3, lease_seconds=0, steps=_UNCONFIRMED_CANCEL)
 def test_competing_runners_never_share_an_epoch_and_stale_holders_are_fenced_lease_3(
     retry_safe: bool, max_attempts: int, lease_seconds: int, steps: list[Step]
 ) -> None:

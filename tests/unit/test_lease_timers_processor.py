@@ -112,7 +112,8 @@ class Coordinator:
         return [e for e in self.all_events() if e.run_id == run_id]
 
     def rejections(self, run_id: str) -> list[CommandRejected]:
-        return [r for r in self._decoded(RUNS_REJECTIONS.name) if r.run_id == run_id]  # type: ignore[attr-defined]
+        decoded = self._decoded(RUNS_REJECTIONS.name)
+        return [r for r in decoded if isinstance(r, CommandRejected) and r.run_id == run_id]
 
     def state(self, run_id: str) -> RunState:
         raw = self.store.get(state_key(run_id))
@@ -132,6 +133,13 @@ class Coordinator:
             if due is not None:
                 expected_timers.append(timer_key(partition_of(run_id), due, run_id))
         assert self.timers() == sorted(expected_timers)
+
+
+def deadline_timer(coordinator: Coordinator, run_id: str) -> str:
+    """The timer a run keeps when it holds no lease: its deadline (EXE-10)."""
+    deadline = coordinator.state(run_id).deadline_at
+    assert deadline is not None
+    return timer_key(partition_of(run_id), deadline, run_id)
 
 
 def _submitted(coordinator: Coordinator, key: str = "k1", **kwargs: object) -> str:
@@ -184,7 +192,7 @@ def test_expiry_is_recorded_at_the_ticks_now_and_interrupts_a_run_that_is_not_re
     assert (expired.attempt_id, expired.epoch, expired.last_sequence) == (claimed.attempt_id, 1, 1)
     assert coordinator.state(run_id).status is RunStatus.INTERRUPTED
     assert coordinator.at(late + LEASE_MS).tick() == [], "no requeue, no second expiry"
-    assert coordinator.timers() == []
+    assert coordinator.timers() == [deadline_timer(coordinator, run_id)], "no lease timer is left"
     coordinator.send(claim_cmd(run_id, "runner-b"))
     assert [r.code for r in coordinator.rejections(run_id)] == ["RUN_NOT_CLAIMABLE"]
     coordinator.assert_consistent(run_id)
@@ -201,7 +209,7 @@ def test_a_retry_safe_run_with_attempts_left_is_requeued_and_claimed_again_with_
     assert isinstance(requeued, RunRequeued)
     assert (requeued.reason, requeued.attempts_used, requeued.attempts_remaining) == ("LEASE_EXPIRED", 1, 2)
     assert coordinator.state(run_id).status is RunStatus.QUEUED
-    assert coordinator.timers() == []
+    assert coordinator.timers() == [deadline_timer(coordinator, run_id)], "no lease timer is left"
 
     coordinator.at(first.expires_at + 5_000)
     second = _claimed(coordinator, run_id, "runner-b")

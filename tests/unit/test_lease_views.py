@@ -18,9 +18,11 @@ from services.effect_gateway.fencing import FencingView, fold_fencing
 from services.lease_coordinator.domain import LeaseCertainty, RunState, evolve
 from services.projections.views import apply_event
 
+from .strategies import cancel_command
 from .test_lease_domain import (
     _SCENARIO,
     _STALE_RUNNERS,
+    _UNCONFIRMED_CANCEL,
     T0,
     Run,
     Step,
@@ -267,9 +269,9 @@ def test_the_view_agrees_with_the_aggregate_after_every_event_of_the_story() -> 
 
 
 def test_attempt_numbers_in_the_view_are_unique_after_a_takeover_and_a_requeue_exe_5() -> None:
-    """A takeover issues a new attempt; the view numbers it len(attempts) + 1. The aggregate does
-    not count takeovers in attempts_used, so the next claim after a requeue carries that same
-    number: two different attempts shown as "attempt 2"."""
+    """A takeover issues a new attempt id but does not use up one of the run's maxAttempts, so the
+    next claim after a requeue is attempt number 2. The view must never show two different
+    attempts under the same number (it once numbered takeovers len(attempts) + 1)."""
     run = Run(retry_safe=True, max_attempts=3)
     run.claim("runner-a")
     run.take_over()
@@ -284,6 +286,7 @@ def test_attempt_numbers_in_the_view_are_unique_after_a_takeover_and_a_requeue_e
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(**_SCENARIO)
 @example(retry_safe=True, max_attempts=3, lease_seconds=0, steps=_STALE_RUNNERS)
+@example(retry_safe=True, max_attempts=3, lease_seconds=0, steps=_UNCONFIRMED_CANCEL)
 def test_the_lease_record_agrees_with_the_aggregate_over_competing_runners_lease_2(
     retry_safe: bool, max_attempts: int, lease_seconds: int, steps: list[Step]
 ) -> None:
@@ -341,3 +344,21 @@ def test_fold_fencing_ignores_redeliveries_lease_3() -> None:
     assert once is not None
     for old in (e for e in events if isinstance(e, (AttemptClaimed, LeaseTakenOver))):
         assert fold_fencing(once, old) == once
+
+
+def test_fold_fencing_stops_holding_a_lease_revoked_by_an_unconfirmed_stop_lease_3_exe_7() -> None:
+    """The runner never confirmed a cancel: the coordinator revokes its lease in place (same epoch,
+    no new holder). The gateway's fold must not keep believing that lease is held."""
+    run = Run()
+    run.claim()
+    run.renew(1)
+    run.accept(cancel_command(run.run_id, command_id="cancel-unconfirmed"))
+    assert run.state.stop is not None
+    run.at(run.state.stop.grace_until).tick()
+    assert run.state.lease is not None and run.state.lease.certainty is LeaseCertainty.REVOKED
+    fencing: FencingView | None = None
+    for event in run.events:
+        fencing = fold_fencing(fencing, event)
+    assert fencing is not None and fencing.epoch == 1
+    assert fencing.lease_held is False, f"after {type(run.events[-1]).__name__} the lease is revoked"
+    assert fold_views(run.events)[-1]["lease"]["certainty"] == "revoked", "the Run view agrees"

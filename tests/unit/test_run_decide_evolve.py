@@ -249,23 +249,21 @@ def test_cancel_of_a_terminal_run_is_run_already_terminal() -> None:
     assert "cancelled" in rejection.detail
 
 
-@pytest.mark.parametrize(
-    "status",
-    [
-        RunStatus.PREPARING,
-        RunStatus.RUNNING,
-        RunStatus.CANCELLING,
-        RunStatus.WAITING_INPUT,
-        RunStatus.INTERRUPTED,
-    ],
-    ids=lambda s: s.value,
-)
-def test_cancel_of_a_live_non_queued_run_is_not_decided_at_once_exe_7(status: RunStatus) -> None:
-    """EXE-7: only a queued run is cancelled at once; the rest need the runner's confirmation."""
+@pytest.mark.parametrize("status", [RunStatus.WAITING_INPUT, RunStatus.INTERRUPTED], ids=lambda s: s.value)
+def test_cancel_of_a_run_nobody_holds_ends_it_at_once_exe_7(status: RunStatus) -> None:
+    """EXE-7: with no runner holding the run there is nobody to confirm: cancelled at once."""
     state, _ = _submitted()
     state = dataclasses.replace(state, status=status)
+    (event,) = _events(decide(state, cancel_command(state.run_id), NOW))
+    assert isinstance(event, RunCancelled) and event.previous_status == status.value
+    assert evolve(state, event).status is RunStatus.CANCELLED
+
+
+def test_cancel_of_a_run_already_stopping_is_refused_exe_7() -> None:
+    state, _ = _submitted()
+    state = dataclasses.replace(state, status=RunStatus.CANCELLING)
     rejection = _rejection(decide(state, cancel_command(state.run_id), NOW))
-    assert rejection.code is RejectionCode.INVALID_TRANSITION
+    assert rejection.code is RejectionCode.CANCEL_ALREADY_REQUESTED
 
 
 @pytest.mark.parametrize("status", sorted(TERMINAL_STATUSES, key=lambda s: s.value), ids=lambda s: s.value)

@@ -49,6 +49,13 @@ SPEC_EDGES: dict[tuple[RunStatus, RunStatus], str] = {
     (P, C): "EXE-7 cancel with a lease held",
     # EXE-5: lease loss -> interrupted.
     (P, I): "EXE-5 lease loss",
+    # EXE-11: a preparation error without external effects sends the Run back to the queue for
+    # another attempt while attempts remain.
+    (P, Q): "EXE-11 preparation retried",
+    # EXE-10: the runner confirms the stop it was asked for at the deadline -> failed.
+    (C, F): "EXE-10 confirmed stop at the deadline",
+    # EXE-10: the deadline bounds the whole Run, including the wait before a retry.
+    (I, F): "EXE-10 deadline passes while interrupted",
     # EXE-1: succeeded only after the ResultManifest is verified (an event, not a table edge).
     (R, S): "EXE-1 verified result",
     # EXE-10: confirmed stop at the deadline -> failed DEADLINE_EXCEEDED (also harness failure).

@@ -21,6 +21,7 @@ __all__ = [
     "CancelRun",
     "ClaimRun",
     "CommandRejected",
+    "DeadlineReached",
     "EffectIntentRecorded",
     "EffectOutcomeRecorded",
     "LeaseAtRisk",
@@ -31,10 +32,15 @@ __all__ = [
     "RecordEffectOutcome",
     "RenewLease",
     "ReportAttempt",
+    "RetryRun",
+    "RunCancelRequested",
     "RunCancelled",
     "RunCommand",
     "RunEvent",
+    "RunFailed",
+    "RunInterrupted",
     "RunRequeued",
+    "RunRetried",
     "RunSubmitted",
     "SubmitRun",
     "TakeOverLease",
@@ -62,12 +68,15 @@ class _CommandBase:
 
 @dataclass(frozen=True, kw_only=True)
 class SubmitRun(_CommandBase):
+    """Create a Run; `parent_run_id` names the terminal Run a user's retry copies (EXE-5)."""
+
     tenant: str
     idempotency_key: str
     execution_spec: str
     retry_safe: bool = False
     timeout_seconds: int
     max_attempts: int = 3
+    parent_run_id: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,6 +149,14 @@ class RecordEffectOutcome(_CommandBase):
     detail: str = ""
 
 
+@dataclass(frozen=True, kw_only=True)
+class RetryRun(_CommandBase):
+    """A user's explicit retry of an interrupted Run: same Run, a new Attempt later (EXE-5)."""
+
+    acknowledge_repeated_effects: bool = False
+    reason: str = ""
+
+
 RunCommand = Union[
     SubmitRun,
     CancelRun,
@@ -149,6 +166,7 @@ RunCommand = Union[
     TakeOverLease,
     RecordEffectIntent,
     RecordEffectOutcome,
+    RetryRun,
 ]
 
 # --- events ---------------------------------------------------------------------------------
@@ -176,6 +194,7 @@ class RunSubmitted(_EventBase):
     max_attempts: int
     queue_reservation_id: str
     labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    parent_run_id: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -187,7 +206,10 @@ class RunCancelled(_EventBase):
 
 @dataclass(frozen=True, kw_only=True)
 class AttemptClaimed(_EventBase):
-    """A new Attempt and its lease, issued together; `expires_at` is epoch millis."""
+    """A new Attempt and its lease, issued together; times are epoch millis.
+
+    `deadline_at` is fixed at the Run's first assignment and repeated on later claims (EXE-10).
+    """
 
     attempt_id: str
     attempt_number: int
@@ -200,6 +222,7 @@ class AttemptClaimed(_EventBase):
     heartbeat_seconds: int
     at_risk_after_ms: int
     expires_at: int
+    deadline_at: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -307,6 +330,59 @@ class EffectOutcomeRecorded(_EventBase):
     detail: str
 
 
+@dataclass(frozen=True, kw_only=True)
+class RunCancelRequested(_EventBase):
+    """Cancel of a running Run accepted: it is cancelling until the runner confirms (EXE-7)."""
+
+    reason: str
+    previous_status: str
+    attempt_id: str
+    epoch: int
+    grace_until: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunInterrupted(_EventBase):
+    """Stopped without a confirmed result, e.g. reason "CANCEL_UNCONFIRMED" (EXE-7, EXE-10)."""
+
+    reason: str
+    attempt_id: str | None = None
+    epoch: int = 0
+    detail: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeadlineReached(_EventBase):
+    """The deadline passed; with `stop_requested` the holder must confirm a stop (EXE-10)."""
+
+    deadline_at: int
+    previous_status: str
+    stop_requested: bool
+    attempt_id: str | None = None
+    epoch: int = 0
+    grace_until: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunFailed(_EventBase):
+    """The Run ended failed (terminal), e.g. code "DEADLINE_EXCEEDED" or "PREPARATION_FAILED"."""
+
+    code: str
+    detail: str
+    attempt_id: str | None = None
+    epoch: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRetried(_EventBase):
+    """A user's retry of an interrupted Run accepted: the Run is queued again (EXE-5)."""
+
+    acknowledged_repeated_effects: bool
+    reason: str
+    attempts_used: int
+    previous_status: str
+
+
 RunEvent = Union[
     RunSubmitted,
     RunCancelled,
@@ -319,6 +395,11 @@ RunEvent = Union[
     AttemptReported,
     EffectIntentRecorded,
     EffectOutcomeRecorded,
+    RunCancelRequested,
+    RunInterrupted,
+    DeadlineReached,
+    RunFailed,
+    RunRetried,
 ]
 
 # --- rejections -----------------------------------------------------------------------------
@@ -352,6 +433,7 @@ COMMAND_TYPES: tuple[type[Any], ...] = (
     TakeOverLease,
     RecordEffectIntent,
     RecordEffectOutcome,
+    RetryRun,
 )
 EVENT_TYPES: tuple[type[Any], ...] = (
     RunSubmitted,
@@ -365,6 +447,11 @@ EVENT_TYPES: tuple[type[Any], ...] = (
     AttemptReported,
     EffectIntentRecorded,
     EffectOutcomeRecorded,
+    RunCancelRequested,
+    RunInterrupted,
+    DeadlineReached,
+    RunFailed,
+    RunRetried,
 )
 _NAMESPACE_BY_TYPE: dict[type[Any], str] = {
     **{cls: _COMMANDS_NS for cls in COMMAND_TYPES},

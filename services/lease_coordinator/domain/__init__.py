@@ -21,6 +21,8 @@ from services.lease_coordinator.domain.state import (
     Rejection,
     RejectionCode,
     RunState,
+    StopKind,
+    StopRequest,
     attempt_id_for,
     run_id_of_attempt,
 )
@@ -40,6 +42,8 @@ __all__ = [
     "RejectionCode",
     "RunState",
     "RunStatus",
+    "StopKind",
+    "StopRequest",
     "attempt_id_for",
     "check_transition",
     "decide",

@@ -25,6 +25,7 @@ from services.common.contracts import (
     RenewLease,
     ReportAttempt,
     RunEvent,
+    RunFailed,
     RunRequeued,
     TakeOverLease,
 )
@@ -44,9 +45,11 @@ from services.lease_coordinator.domain.state import (
     Rejection,
     RejectionCode,
     RunState,
+    StopKind,
     attempt_id_for,
     lease_id_for,
 )
+from services.lease_coordinator.domain.stops import decide_stop_timers, next_stop_timer_at
 
 __all__ = [
     "HOLDER_KINDS",
@@ -63,7 +66,7 @@ __all__ = [
 ]
 
 HOLDER_KINDS = ("runner", "human")
-REPORT_OUTCOMES = ("succeeded", "failed")
+REPORT_OUTCOMES = ("succeeded", "failed", "cancelled", "preparation_failed")
 EFFECT_OUTCOMES = ("committed", "failed", "unknown")
 _HELD_STATUSES = (RunStatus.PREPARING, RunStatus.RUNNING)
 
@@ -141,6 +144,8 @@ def decide_claim(state: RunState, command: ClaimRun, now_ms: int, policy: LeaseP
             heartbeat_seconds=heartbeat_ms // 1000,
             at_risk_after_ms=at_risk_ms,
             expires_at=now_ms + lease_ms,
+            # EXE-10: fixed at the first assignment; a continuation keeps it.
+            deadline_at=state.deadline_at or now_ms + state.timeout_seconds * 1000,
         ),
     )
 
@@ -196,7 +201,7 @@ def decide_renew(state: RunState, command: RenewLease, now_ms: int) -> Decision:
     )
 
 
-def decide_report(state: RunState, command: ReportAttempt, now_ms: int) -> Decision:
+def decide_report(state: RunState, command: ReportAttempt, now_ms: int, policy: LeasePolicy) -> Decision:
     lease = _fence(state, command.attempt_id, command.lease_epoch, now_ms)
     if isinstance(lease, Rejection):
         return lease
@@ -207,20 +212,53 @@ def decide_report(state: RunState, command: ReportAttempt, now_ms: int) -> Decis
             RejectionCode.SEQUENCE_NOT_INCREASING,
             f"sequence {command.sequence} is not above the last renewal's {lease.last_sequence}",
         )
-    if state.status not in _HELD_STATUSES:
+    stopping = state.status is RunStatus.CANCELLING
+    if state.status not in (*_HELD_STATUSES, RunStatus.CANCELLING):
         return Rejection(RejectionCode.INVALID_TRANSITION, f"run {state.run_id} is {state.status.value}")
-    return (
-        AttemptReported(
-            **_meta(
-                state, command.command_id, "AttemptReported", command.correlation_id, command.actor, now_ms
+    if command.outcome == "cancelled" and not stopping:
+        return Rejection(RejectionCode.INVALID_COMMAND, "only a run asked to stop can report cancelled")
+    if command.outcome == "preparation_failed" and state.status is not RunStatus.PREPARING:
+        return Rejection(RejectionCode.INVALID_COMMAND, "preparation_failed is reported while preparing")
+    reported = AttemptReported(
+        **_meta(state, command.command_id, "AttemptReported", command.correlation_id, command.actor, now_ms),
+        attempt_id=lease.attempt_id,
+        lease_id=lease.lease_id,
+        epoch=lease.epoch,
+        sequence=command.sequence,
+        outcome=command.outcome,
+        error_code=command.error_code,
+        detail=command.detail,
+    )
+    if command.outcome != "preparation_failed":
+        return (reported,)
+    # EXE-11: no external effect happened yet, so another attempt is safe while attempts remain.
+    meta = _meta(
+        state,
+        command.command_id,
+        "AfterPreparation",
+        command.correlation_id,
+        COORDINATOR_ACTOR,
+        now_ms,
+        offset=2,
+    )
+    if state.attempts_used < state.max_attempts and state.cancel_accepted_at is None:
+        return (
+            reported,
+            RunRequeued(
+                **meta,
+                reason="PREPARATION_FAILED",
+                attempts_used=state.attempts_used,
+                attempts_remaining=state.max_attempts - state.attempts_used,
             ),
+        )
+    return (
+        reported,
+        RunFailed(
+            **meta,
+            code="PREPARATION_FAILED",
+            detail=command.detail or command.error_code,
             attempt_id=lease.attempt_id,
-            lease_id=lease.lease_id,
             epoch=lease.epoch,
-            sequence=command.sequence,
-            outcome=command.outcome,
-            error_code=command.error_code,
-            detail=command.detail,
         ),
     )
 
@@ -351,7 +389,14 @@ def decide_effect_outcome(state: RunState, command: RecordEffectOutcome, now_ms:
 
 def next_timer_at(state: RunState | None) -> int | None:
     """When the coordinator's timer must next look at this run, if ever."""
-    if state is None or state.lease is None or not state.lease.held:
+    if state is None:
+        return None
+    due = [t for t in (_next_lease_timer_at(state), next_stop_timer_at(state)) if t is not None]
+    return min(due) if due else None
+
+
+def _next_lease_timer_at(state: RunState) -> int | None:
+    if state.lease is None or not state.lease.held:
         return None
     lease = state.lease
     if lease.certainty is LeaseCertainty.ACTIVE:
@@ -359,8 +404,18 @@ def next_timer_at(state: RunState | None) -> int | None:
     return lease.expires_at
 
 
-def decide_timers(state: RunState, now_ms: int) -> tuple[RunEvent, ...]:
-    """Expiry and at-risk are decided here, on the coordinator's clock, and recorded with `now`."""
+def decide_timers(state: RunState, now_ms: int, policy: LeasePolicy) -> tuple[RunEvent, ...]:
+    """Everything due for this run, decided on the coordinator's clock and recorded with `now`.
+
+    One kind of event per call: whatever else is due stays in the timer index for the next tick.
+    """
+    stopped = decide_stop_timers(state, now_ms, policy)
+    if stopped:
+        return stopped
+    return _decide_lease_timers(state, now_ms, policy)
+
+
+def _decide_lease_timers(state: RunState, now_ms: int, policy: LeasePolicy) -> tuple[RunEvent, ...]:
     lease = state.lease
     if lease is None or not lease.held:
         return ()
@@ -375,8 +430,16 @@ def decide_timers(state: RunState, now_ms: int) -> tuple[RunEvent, ...]:
             last_renewal_at=lease.last_renewal_at,
             last_sequence=lease.last_sequence,
         )
-        # EXE-5: automatic retry only for retry-safe runs with attempts left.
-        if not state.retry_safe or state.attempts_used >= state.max_attempts:
+        # EXE-5: automatic retry only for retry-safe runs with attempts left, if the organisation
+        # allows it, and never after an accepted cancel (EXE-7).
+        retry = (
+            policy.auto_retry
+            and state.retry_safe
+            and state.attempts_used < state.max_attempts
+            and state.cancel_accepted_at is None
+            and state.status is not RunStatus.CANCELLING
+        )
+        if not retry:
             return (expired,)
         requeued = RunRequeued(
             **_meta(state, cause, "RunRequeued", state.run_id, COORDINATOR_ACTOR, now_ms, offset=2),
@@ -433,6 +496,19 @@ def _with_certainty(lease: LeaseState | None, certainty: LeaseCertainty, **chang
     return dataclasses.replace(lease, certainty=check_lease_transition(lease.certainty, certainty), **changes)
 
 
+def _reported_status(state: RunState, outcome: str) -> RunStatus:
+    if state.status is RunStatus.CANCELLING:
+        # EXE-7: whatever the runner reports after an accepted stop, the stop stands; a late
+        # success is recorded (in the event) but not applied.
+        stop = state.stop
+        return (
+            RunStatus.FAILED if stop is not None and stop.kind is StopKind.DEADLINE else RunStatus.CANCELLED
+        )
+    if outcome == "succeeded":
+        return RunStatus.SUCCEEDED
+    return RunStatus.FAILED
+
+
 def evolve_lease(state: RunState, event: RunEvent) -> RunState | None:
     """The state after a lease or effect event, or None if `event` is not one of those."""
     replace = dataclasses.replace
@@ -443,6 +519,7 @@ def evolve_lease(state: RunState, event: RunEvent) -> RunState | None:
             epoch=event.epoch,
             attempts_used=state.attempts_used + 1,
             lease=_granted(event),
+            deadline_at=state.deadline_at or event.deadline_at,
         )
     if isinstance(event, LeaseRenewed):
         lease = _with_certainty(
@@ -468,16 +545,15 @@ def evolve_lease(state: RunState, event: RunEvent) -> RunState | None:
         _with_certainty(state.lease, LeaseCertainty.REVOKED)  # the old lease must have been revocable
         return replace(state, epoch=event.epoch, lease=_granted(event))
     if isinstance(event, AttemptReported):
-        target = RunStatus.SUCCEEDED if event.outcome == "succeeded" else RunStatus.FAILED
+        released = _with_certainty(state.lease, LeaseCertainty.RELEASED, last_sequence=event.sequence)
+        if event.outcome == "preparation_failed":
+            return replace(state, lease=released)  # the event after it requeues or fails the run
+        target = _reported_status(state, event.outcome)
         current = state.status
         if current is RunStatus.PREPARING and target is RunStatus.SUCCEEDED:
             # A runner may finish before its first heartbeat: it ran, then it succeeded.
             current = check_transition(current, RunStatus.RUNNING)
-        return replace(
-            state,
-            status=check_transition(current, target),
-            lease=_with_certainty(state.lease, LeaseCertainty.RELEASED, last_sequence=event.sequence),
-        )
+        return replace(state, status=check_transition(current, target), lease=released, stop=None)
     if isinstance(event, EffectIntentRecorded):
         return replace(
             state, effects=(*state.effects, EffectRecord(event.effect_id, event.epoch, "intended"))

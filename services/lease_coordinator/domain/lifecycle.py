@@ -43,15 +43,18 @@ TRANSITIONS: Mapping[RunStatus, frozenset[RunStatus]] = MappingProxyType(
         # once; EXE-10: the deadline also runs while a continuation waits in the queue.
         _S.QUEUED: frozenset({_S.PREPARING, _S.CANCELLED, _S.FAILED}),
         # EXE-11: preparation errors retry inside preparing, then fail; EXE-5: lease loss interrupts.
-        _S.PREPARING: frozenset({_S.RUNNING, _S.FAILED, _S.CANCELLING, _S.INTERRUPTED}),
+        # EXE-11: a preparation error without external effects sends the run back to the queue.
+        _S.PREPARING: frozenset({_S.RUNNING, _S.FAILED, _S.CANCELLING, _S.INTERRUPTED, _S.QUEUED}),
         _S.RUNNING: frozenset({_S.SUCCEEDED, _S.FAILED, _S.CANCELLING, _S.WAITING_INPUT, _S.INTERRUPTED}),
         # EXE-7: only the runner's confirmation makes cancelled; without it the run is interrupted.
-        _S.CANCELLING: frozenset({_S.CANCELLED, _S.INTERRUPTED}),
+        # EXE-10: a stop at the deadline, confirmed by the runner, fails the run.
+        _S.CANCELLING: frozenset({_S.CANCELLED, _S.INTERRUPTED, _S.FAILED}),
         # EXE-8/EXE-10: an answer queues a continuation; expiry or the deadline fails the run;
         # no runner holds a lease while waiting, so a cancel ends it at once.
         _S.WAITING_INPUT: frozenset({_S.QUEUED, _S.FAILED, _S.CANCELLED}),
         # EXE-5: an interrupted run may be retried as a new Attempt of the same Run, or cancelled.
-        _S.INTERRUPTED: frozenset({_S.QUEUED, _S.CANCELLED}),
+        # EXE-10: the deadline keeps running while a run waits to be retried.
+        _S.INTERRUPTED: frozenset({_S.QUEUED, _S.CANCELLED, _S.FAILED}),
         _S.SUCCEEDED: frozenset(),
         _S.FAILED: frozenset(),
         _S.CANCELLED: frozenset(),

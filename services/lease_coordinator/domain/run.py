@@ -20,6 +20,7 @@ from services.common.contracts import (
     RecordEffectOutcome,
     RenewLease,
     ReportAttempt,
+    RetryRun,
     RunCancelled,
     RunCommand,
     RunEvent,
@@ -51,6 +52,7 @@ from services.lease_coordinator.domain.state import (
     RejectionCode,
     RunState,
 )
+from services.lease_coordinator.domain.stops import decide_cancel_held, decide_retry, evolve_stop
 
 __all__ = [
     "MAX_ATTEMPTS_LIMIT",
@@ -82,13 +84,15 @@ def decide(
     if state is None:
         return Rejection(RejectionCode.RUN_NOT_FOUND, f"run {command.run_id} does not exist")
     if isinstance(command, CancelRun):
-        return _decide_cancel(state, command, now_ms)
+        return _decide_cancel(state, command, now_ms, policy)
     if isinstance(command, ClaimRun):
         return decide_claim(state, command, now_ms, policy)
     if isinstance(command, RenewLease):
         return decide_renew(state, command, now_ms)
     if isinstance(command, ReportAttempt):
-        return decide_report(state, command, now_ms)
+        return decide_report(state, command, now_ms, policy)
+    if isinstance(command, RetryRun):
+        return decide_retry(state, command, now_ms)
     if isinstance(command, TakeOverLease):
         return decide_takeover(state, command, now_ms, policy)
     if isinstance(command, RecordEffectIntent):
@@ -163,23 +167,20 @@ def _decide_submit(state: RunState | None, command: SubmitRun, now_ms: int) -> D
             timeout_seconds=command.timeout_seconds,
             max_attempts=command.max_attempts,
             queue_reservation_id=derived_id("rsv", command.run_id, "queue"),
+            parent_run_id=command.parent_run_id,
         ),
     )
 
 
-def _decide_cancel(state: RunState, command: CancelRun, now_ms: int) -> Decision:
+def _decide_cancel(state: RunState, command: CancelRun, now_ms: int, policy: LeasePolicy) -> Decision:
+    if state.status in (RunStatus.PREPARING, RunStatus.RUNNING, RunStatus.CANCELLING):
+        return decide_cancel_held(state, command, now_ms, policy)
     if state.status in TERMINAL_STATUSES:
         return Rejection(
             RejectionCode.RUN_ALREADY_TERMINAL,
             f"run {state.run_id} already ended as {state.status.value}",
         )
-    if state.status is not RunStatus.QUEUED:
-        # EXE-7: cancelling a run that holds a lease needs the runner's confirmation, which the
-        # lease protocol carries; until then only queued runs can be cancelled.
-        return Rejection(
-            RejectionCode.INVALID_TRANSITION,
-            f"run {state.run_id} is {state.status.value}; only a queued run can be cancelled at once",
-        )
+    # EXE-7: a queued, interrupted or waiting run has no runner to confirm: it ends at once.
     return (
         RunCancelled(
             event_id=derived_id("evt", command.command_id, "RunCancelled"),
@@ -243,6 +244,7 @@ def evolve(state: RunState | None, event: RunEvent) -> RunState:
             submitted_at=event.occurred_at,
             queue_reservation_id=event.queue_reservation_id,
             handled_commands=(event.causation_id,),
+            parent_run_id=event.parent_run_id,
         )
     if state is None:
         raise ValueError(f"event {event.event_id} refers to run {event.run_id} before it exists")
@@ -256,6 +258,8 @@ def evolve(state: RunState | None, event: RunEvent) -> RunState:
         )
     else:
         changed = evolve_lease(state, event)
+        if changed is None:
+            changed = evolve_stop(state, event)
         if changed is None:
             raise TypeError(f"not a Run event: {event!r}")
         after = changed

@@ -21,6 +21,8 @@ __all__ = [
     "Rejection",
     "RejectionCode",
     "RunState",
+    "StopKind",
+    "StopRequest",
     "attempt_id_for",
     "lease_id_for",
     "run_id_of_attempt",
@@ -51,6 +53,8 @@ class RejectionCode(StrEnum):
     TAKEOVER_NOT_POSSIBLE = "TAKEOVER_NOT_POSSIBLE"
     DUPLICATE_EFFECT = "DUPLICATE_EFFECT"
     UNKNOWN_EFFECT = "UNKNOWN_EFFECT"
+    RETRY_NEEDS_ACKNOWLEDGEMENT = "RETRY_NEEDS_ACKNOWLEDGEMENT"
+    CANCEL_ALREADY_REQUESTED = "CANCEL_ALREADY_REQUESTED"
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,10 @@ class LeasePolicy:
     max_lease_ms: int = 3_600_000
     # No confirmed renewal for this fraction of the TTL: the coordinator marks the lease at risk.
     at_risk_fraction: float = 0.5
+    # How long a runner has to confirm a cancel or a deadline stop before the run is interrupted.
+    stop_grace_ms: int = 30_000
+    # The organisation's policy on automatic retries (EXE-5); runs must also be retry-safe.
+    auto_retry: bool = True
 
     def __post_init__(self) -> None:
         if not 0 < self.at_risk_fraction < 1:
@@ -105,6 +113,21 @@ class LeaseState:
         return self.certainty in (LeaseCertainty.ACTIVE, LeaseCertainty.AT_RISK)
 
 
+class StopKind(StrEnum):
+    CANCEL = "cancel"
+    DEADLINE = "deadline"
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    """A stop the runner was asked to confirm (EXE-7 cancel, EXE-10 deadline)."""
+
+    kind: StopKind
+    requested_at: int
+    grace_until: int
+    reason: str
+
+
 @dataclass(frozen=True)
 class EffectRecord:
     effect_id: str
@@ -135,6 +158,12 @@ class RunState:
     # The current or most recently ended lease; its record is the evidence for a takeover.
     lease: LeaseState | None = None
     effects: tuple[EffectRecord, ...] = field(default_factory=tuple)
+    # EXE-10: fixed at the first assignment, never moved by a continuation.
+    deadline_at: int | None = None
+    stop: StopRequest | None = None
+    # EXE-7: once a cancel was accepted, no automatic retry ever happens.
+    cancel_accepted_at: int | None = None
+    parent_run_id: str | None = None
 
     def remember(self, command_id: str) -> tuple[str, ...]:
         if command_id in self.handled_commands:
