@@ -15,7 +15,12 @@ def main() -> None:
     configure_logging(settings.log_level, service="tenure-command-api")
     bootstrap = settings.bootstrap_servers()
     app = create_app(
-        lambda: open_dependencies(bootstrap, views_path(settings.state_dir), settings.decision_timeout_s)
+        lambda: open_dependencies(
+            bootstrap,
+            views_path(settings.state_dir),
+            settings.decision_timeout_s,
+            settings.state_dir / "artifacts",
+        )
     )
     uvicorn.run(app, host=settings.api_host, port=settings.api_port, log_level="warning")
 

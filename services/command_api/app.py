@@ -19,6 +19,7 @@ from services.command_api.context import ApiContext, ApiDependencies, open_depen
 from services.command_api.problems import register_problem_handlers
 from services.command_api.routes_leases import leases_router
 from services.command_api.routes_runs import runs_router
+from services.command_api.routes_work import work_router
 
 __all__ = ["ApiDependencies", "create_app", "open_dependencies"]
 
@@ -44,4 +45,5 @@ def create_app(open_deps: Callable[[], ApiDependencies]) -> FastAPI:
     register_problem_handlers(app)
     app.include_router(runs_router(ctx))
     app.include_router(leases_router(ctx))
+    app.include_router(work_router(ctx))
     return app

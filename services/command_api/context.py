@@ -26,6 +26,7 @@ from services.common.contracts import RunCommand
 from services.common.decisions import Decided, DecisionListener, Rejected, publish_and_await
 from services.common.kafka import CommandPublisher
 from services.common.messages import MessageCodec
+from services.common.objectstore import FilesystemObjectStore, ObjectStore
 from services.common.store import RocksStore
 from services.common.topics import RUNS_COMMANDS
 from services.projections.store import RunViewStore
@@ -97,13 +98,16 @@ class ApiDependencies:
     clock: Clock
     api_keys: dict[str, Principal]
     decision_timeout_s: float
+    objects: ObjectStore
 
     def close(self) -> None:
         self.decisions.close()
         self.publisher.close()
 
 
-def open_dependencies(bootstrap_servers: str, views_path: Path, decision_timeout_s: float) -> ApiDependencies:
+def open_dependencies(
+    bootstrap_servers: str, views_path: Path, decision_timeout_s: float, artifacts_path: Path
+) -> ApiDependencies:
     codec = MessageCodec()
     return ApiDependencies(
         publisher=CommandPublisher(bootstrap_servers, client_id="tenure-command-api"),
@@ -113,6 +117,7 @@ def open_dependencies(bootstrap_servers: str, views_path: Path, decision_timeout
         clock=SystemClock(),
         api_keys=load_api_keys(),
         decision_timeout_s=decision_timeout_s,
+        objects=FilesystemObjectStore(artifacts_path),
     )
 
 

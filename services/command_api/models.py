@@ -72,6 +72,15 @@ class HeartbeatRequest(BaseModel):
     sequence: int = Field(ge=1, description="Strictly increasing per attempt; a repeat is idempotent.")
 
 
+class ArtifactEntryBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    artifactId: str = Field(min_length=1, max_length=256)
+    digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    sizeBytes: int = Field(ge=0)
+    mediaType: str = Field(min_length=1, max_length=200)
+
+
 class ReportRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -83,6 +92,11 @@ class ReportRequest(BaseModel):
     )
     errorCode: str = Field("", max_length=200)
     detail: str = Field("", max_length=4000)
+    manifest: list[ArtifactEntryBody] | None = Field(
+        default=None,
+        description="The ResultManifest (EXE-1/EXE-15): required for a success; [] if nothing was produced.",
+        max_length=1000,
+    )
 
 
 class TakeoverRequest(BaseModel):

@@ -155,6 +155,30 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
             409,
             "A cancel or a deadline stop was already requested; the runner must confirm it.",
         ),
+        ProblemType(
+            "input-invalid",
+            "The answer does not match the input schema",
+            422,
+            "The answer is validated against the JSON Schema of the run's input request (EXE-8).",
+        ),
+        ProblemType(
+            "grant-not-found", "No such upload grant", 404, "Ask for a grant for your attempt first."
+        ),
+        ProblemType("grant-expired", "The upload grant expired", 410, "Ask for a new grant."),
+        ProblemType("upload-too-large", "The upload exceeds its grant", 413, "The grant limits the size."),
+        ProblemType(
+            "artifact-exists",
+            "The artifact already exists with other content",
+            409,
+            "Artifacts are immutable; upload under a new destination.",
+        ),
+        ProblemType(
+            "capability-missing",
+            "The attempt lacks a capability",
+            409,
+            "Waiting for input needs capability checkpoint-v1 declared at claim time.",
+        ),
+        ProblemType("input-expired", "The input request expired", 409, "The run failed with INPUT_EXPIRED."),
     )
 }
 
@@ -178,6 +202,8 @@ REJECTION_PROBLEMS = {
     "UNKNOWN_EFFECT": "unknown-effect",
     "RETRY_NEEDS_ACKNOWLEDGEMENT": "retry-needs-acknowledgement",
     "CANCEL_ALREADY_REQUESTED": "cancel-already-requested",
+    "CAPABILITY_MISSING": "capability-missing",
+    "INPUT_EXPIRED": "input-expired",
 }
 
 

@@ -6,6 +6,7 @@ and expiry), not from the projection, so a renewal is acknowledged as soon as it
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -21,7 +22,9 @@ from services.command_api.models import (
 )
 from services.command_api.problems import ApiProblem
 from services.command_api.routes_runs import caused_by
+from services.command_api.routes_work import verify_manifest
 from services.common.contracts import (
+    ArtifactEntry,
     AttemptClaimed,
     ClaimRun,
     LeaseTakenOver,
@@ -54,6 +57,19 @@ def _grant(event: AttemptClaimed | LeaseTakenOver, view: dict[str, Any]) -> dict
         "heartbeatIntervalSeconds": event.heartbeat_seconds,
         "serverTime": event.occurred_at,
         "assignment": {"executionSpec": view["executionSpec"], "specDigest": view["specDigest"]},
+        "attemptContext": _attempt_context(view),
+    }
+
+
+def _attempt_context(view: dict[str, Any]) -> dict[str, Any] | None:
+    """EXE-9: checkpoint and the user's answer travel separately in the AttemptContext."""
+    wait = view.get("input")
+    if not wait or wait.get("response") is None or view["status"] not in ("queued", "preparing"):
+        return None
+    return {
+        "checkpointDigest": wait["checkpointDigest"],
+        "inputRequestId": wait["requestId"],
+        "inputResponse": wait["response"],
     }
 
 
@@ -166,6 +182,11 @@ def leases_router(ctx: ApiContext) -> APIRouter:
     async def report(attempt_id: str, body: ReportRequest, request: Request) -> Any:
         who = ctx.principal(request)
         run_id = _run_of(attempt_id)
+        view = await existing_run(run_id)
+        manifest = [m.model_dump() for m in body.manifest] if body.manifest is not None else None
+        problem = ""
+        if body.outcome == "succeeded":
+            problem = await asyncio.to_thread(verify_manifest, ctx, view, manifest)
         command = ReportAttempt(
             command_id=command_id_for(run_id, "ReportAttempt", f"{attempt_id}/{body.sequence}"),
             run_id=run_id,
@@ -178,8 +199,18 @@ def leases_router(ctx: ApiContext) -> APIRouter:
             outcome=body.outcome,
             error_code=body.errorCode,
             detail=body.detail,
+            manifest=tuple(
+                ArtifactEntry(
+                    artifact_id=m["artifactId"],
+                    digest=m["digest"],
+                    size_bytes=m["sizeBytes"],
+                    media_type=m["mediaType"],
+                )
+                for m in manifest or ()
+            ),
+            manifest_verified=body.outcome == "succeeded" and not problem,
+            manifest_problem=problem,
         )
-        view = await existing_run(run_id)
         if caused_by(view, command.command_id):
             return view
         outcome = await ctx.publish_and_wait(command)

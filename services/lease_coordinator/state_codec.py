@@ -8,6 +8,7 @@ from typing import Any
 
 from services.lease_coordinator.domain import (
     EffectRecord,
+    InputWait,
     LeaseCertainty,
     LeaseState,
     RunState,
@@ -37,7 +38,12 @@ def decode_state(raw: bytes) -> RunState:
     lease = data.get("lease")
     if lease is not None:
         lease["certainty"] = LeaseCertainty(lease["certainty"])
+        lease["capabilities"] = tuple(lease.get("capabilities", ()))
         data["lease"] = LeaseState(**lease)
+    wait = data.get("input_wait")
+    if wait is not None:
+        data["input_wait"] = InputWait(**wait)
+    data["input_responses"] = tuple(data.get("input_responses", ()))
     data["effects"] = tuple(EffectRecord(**e) for e in data.get("effects", ()))
     stop = data.get("stop")
     if stop is not None:

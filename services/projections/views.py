@@ -17,6 +17,8 @@ from services.common.contracts import (
     DeadlineReached,
     EffectIntentRecorded,
     EffectOutcomeRecorded,
+    InputProvided,
+    InputRequested,
     LeaseAtRisk,
     LeaseExpired,
     LeaseRenewed,
@@ -29,6 +31,7 @@ from services.common.contracts import (
     RunRequeued,
     RunRetried,
     RunSubmitted,
+    UploadGrantIssued,
     to_record,
 )
 from services.common.sequencing import Sequencing, sequence
@@ -192,7 +195,19 @@ def _apply_lease_event(view: dict[str, Any], event: RunEvent) -> None:
             view["statusReason"] = f"preparation failed: {event.error_code or event.detail}"
         else:
             view["status"] = event.outcome
-            view["statusReason"] = event.error_code or event.detail or None
+            view["statusReason"] = (
+                f"{event.error_code}: {event.detail}" if event.error_code else event.detail or None
+            )
+        if event.manifest:
+            view["resultManifest"] = [
+                {
+                    "artifactId": a.artifact_id,
+                    "digest": a.digest,
+                    "sizeBytes": a.size_bytes,
+                    "mediaType": a.media_type,
+                }
+                for a in event.manifest
+            ]
         for attempt in view["attempts"]:
             if attempt["attemptId"] == event.attempt_id:
                 attempt["outcome"] = event.outcome
@@ -260,6 +275,50 @@ def _apply_stop_event(view: dict[str, Any], event: RunEvent) -> None:
         view["stop"] = None
 
 
+def _apply_input_event(view: dict[str, Any], event: RunEvent) -> None:
+    at = event.occurred_at
+    if isinstance(event, InputRequested):
+        lease = view.get("lease")
+        if lease is not None:
+            _set_certainty(lease, "released", at)
+        view["status"], view["statusReason"] = "waiting_input", f"waiting for input: {event.prompt}"
+        view["input"] = {
+            "requestId": event.request_id,
+            "prompt": event.prompt,
+            "inputSchema": json.loads(event.input_schema),
+            "expiresAt": event.expires_at,
+            "checkpointDigest": event.checkpoint_digest,
+            "requestedAt": at,
+            "attemptId": event.attempt_id,
+            "response": None,
+        }
+    elif isinstance(event, InputProvided):
+        view["status"] = "queued"
+        view["statusReason"] = f"answer {event.response_id} received; a continuation is queued"
+        request = view.get("input") or {}
+        request["response"] = {
+            "responseId": event.response_id,
+            "answer": json.loads(event.answer),
+            "at": at,
+            "by": event.actor,
+        }
+        view["input"] = request
+    elif isinstance(event, UploadGrantIssued):
+        view.setdefault("uploadGrants", []).append(
+            {
+                "grantId": event.grant_id,
+                "attemptId": event.attempt_id,
+                "epoch": event.epoch,
+                "destination": event.destination,
+                "keyPrefix": event.key_prefix,
+                "maxBytes": event.max_bytes,
+                "mediaType": event.media_type,
+                "expiresAt": event.expires_at,
+                "issuedAt": at,
+            }
+        )
+
+
 def apply_event(view: dict[str, Any] | None, event: RunEvent) -> dict[str, Any] | None:
     """The view after `event`, or None when the event is a duplicate (already applied).
 
@@ -309,6 +368,8 @@ def apply_event(view: dict[str, Any] | None, event: RunEvent) -> dict[str, Any] 
             new["queueReservationId"] = None
     elif isinstance(event, (RunCancelRequested, DeadlineReached, RunInterrupted, RunFailed, RunRetried)):
         _apply_stop_event(new, event)
+    elif isinstance(event, (InputRequested, InputProvided, UploadGrantIssued)):
+        _apply_input_event(new, event)
     else:
         _apply_lease_event(new, event)
     return new

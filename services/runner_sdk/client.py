@@ -170,19 +170,27 @@ class TenureClient:
         error_code: str = "",
         detail: str = "",
         *,
+        manifest: Sequence[Mapping[str, Any]] | None = None,
         timeout_s: float | None = None,
     ) -> Mapping[str, Any]:
-        """POST /attempts/{attemptId}/report; returns the Run view. Raises LeaseConflict (409)."""
+        """POST /attempts/{attemptId}/report; returns the Run view. Raises LeaseConflict (409).
+
+        A success needs its ResultManifest (artifactId, digest, sizeBytes, mediaType per entry;
+        an empty list when the run produced no artifact): without it the coordinator records a
+        failure (EXE-1).
+        """
         if outcome not in ("succeeded", "failed"):
             raise ValueError(f"outcome must be 'succeeded' or 'failed', got {outcome!r}")
         url = f"{self._api_url}/attempts/{_segment(lease.attempt_id)}/report"
-        body = {
+        body: dict[str, Any] = {
             "leaseEpoch": lease.epoch,
             "sequence": sequence,
             "outcome": outcome,
             "errorCode": error_code,
             "detail": detail,
         }
+        if manifest is not None:
+            body["manifest"] = [dict(entry) for entry in manifest]
         return self._post("report", url, body, timeout_s=timeout_s)
 
     # --- effect gateway ----------------------------------------------------------------------

@@ -327,7 +327,13 @@ class LeaseKeeper:
             reason = f"checkpoint {digest} taken in {state.value}" + (f": {note}" if note else "")
             return self._tracker.record(now_ms, JournalKind.CHECKPOINT, reason, {"digest": digest})
 
-    def finish(self, outcome: ReportOutcome, error_code: str = "", detail: str = "") -> Mapping[str, Any]:
+    def finish(
+        self,
+        outcome: ReportOutcome,
+        error_code: str = "",
+        detail: str = "",
+        manifest: Sequence[Mapping[str, Any]] | None = None,
+    ) -> Mapping[str, Any]:
         """Send the terminal report (next sequence, same fencing as effects) and release the lease.
 
         Returns the Run view. Raises LeaseInJeopardy / LeaseLost / LeaseReleased without sending
@@ -369,7 +375,13 @@ class LeaseKeeper:
             sequence = report.sequence
             try:
                 view = self._client.report(
-                    self._lease, sequence, outcome, error_code, detail, timeout_s=self._renewal_timeout_s
+                    self._lease,
+                    sequence,
+                    outcome,
+                    error_code,
+                    detail,
+                    manifest=manifest,
+                    timeout_s=self._renewal_timeout_s,
                 )
             except LeaseConflict as exc:
                 with self._lock:

@@ -69,7 +69,7 @@ def test_claim_renew_report_with_fencing_answers_EXE_4(client: httpx.Client) -> 
 
     done = client.post(
         f"/attempts/{grant['attemptId']}/report",
-        json={"leaseEpoch": 1, "sequence": 3, "outcome": "succeeded"},
+        json={"leaseEpoch": 1, "sequence": 3, "outcome": "succeeded", "manifest": []},
     )
     assert done.status_code == 200, done.text
     assert done.json()["status"] == "succeeded"

@@ -84,6 +84,23 @@ _ATTEMPT_CLAIMED_V1 = {
 _DEADLINE_AT = 1_767_229_200_456
 _HOLDER_COMMAND = {**_COMMAND, "actor": "runner:runner-7", "correlationId": "corr-claim-1"}
 _LEASE_EVENT = {**_EVENT, "actor": "runner:runner-7", "correlationId": "corr-claim-1"}
+# The ResultManifest of a successful Attempt (issue 4b): two artifacts, one with a non-ASCII id.
+_MANIFEST = [
+    {
+        "artifactId": "art-report",
+        "digest": "sha256:2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae",
+        "sizeBytes": 3,
+        "mediaType": "text/plain",
+    },
+    {
+        "artifactId": "отчёт-2",
+        "digest": "sha256:fcde2b2edba56bf408601fb721fe9b5c338d10ee429ea04fae5511b68fbf8fb9",
+        "sizeBytes": 5_368_709_120,  # 5 GiB: sizes need a long
+        "mediaType": "application/json",
+    },
+]
+_CHECKPOINT_DIGEST = "sha256:486ea46224d1bb4fb680f34f7c9ad96a8f24ec88be73ea8e5a6c65260e9cb8a7"
+_INPUT_SCHEMA = '{"properties":{"approve":{"type":"boolean"}},"required":["approve"],"type":"object"}'
 
 SAMPLES: dict[tuple[str, int], dict[str, Any]] = {
     ("tenure.runs.commands.SubmitRun", 1): _SUBMIT_RUN_V1,
@@ -357,6 +374,99 @@ SAMPLES: dict[tuple[str, int], dict[str, Any]] = {
         "reason": "повторить: внешний сервис снова доступен",
         "attemptsUsed": 1,
         "previousStatus": "interrupted",
+    },
+    # --- waiting for input, upload grants, the result manifest (issue 4b) ---
+    ("tenure.runs.commands.ReportAttempt", 2): {
+        **_HOLDER_COMMAND,
+        "commandId": "cmd-report-2",
+        "attemptId": "att-0001-1",
+        "leaseEpoch": 1,
+        "sequence": 9,
+        "outcome": "succeeded",
+        "errorCode": "",
+        "detail": "",
+        "manifest": _MANIFEST,
+        "manifestVerified": True,
+        "manifestProblem": "",
+    },
+    ("tenure.runs.events.AttemptReported", 2): {
+        **_LEASE_EVENT,
+        **_ATTEMPT,
+        "occurredAt": 1_767_225_690_001,
+        "eventId": "evt-reported-9",
+        "version": 9,
+        "causationId": "cmd-report-2",
+        "sequence": 9,
+        "outcome": "succeeded",
+        "errorCode": "",
+        "detail": "",
+        "manifest": _MANIFEST,
+    },
+    ("tenure.runs.commands.RequestInput", 1): {
+        **_HOLDER_COMMAND,
+        "commandId": "cmd-input-1",
+        "attemptId": "att-0001-1",
+        "leaseEpoch": 1,
+        "sequence": 5,
+        "checkpointDigest": _CHECKPOINT_DIGEST,
+        "inputSchema": _INPUT_SCHEMA,
+        "prompt": "Удалить 3 файла? Delete 3 files?",
+        "expiresAt": 1_767_312_000_000,
+    },
+    ("tenure.runs.commands.ProvideInput", 1): {
+        **_COMMAND,
+        "commandId": "cmd-answer-1",
+        "responseId": "resp-1",
+        "answer": '{"approve":true}',
+    },
+    ("tenure.runs.commands.RequestUploadGrant", 1): {
+        **_HOLDER_COMMAND,
+        "commandId": "cmd-grant-1",
+        "attemptId": "att-0001-1",
+        "leaseEpoch": 1,
+        "destination": "reports/отчёт.json",
+        "maxBytes": 5_368_709_120,
+        "mediaType": "application/json",
+    },
+    ("tenure.runs.events.InputRequested", 1): {
+        **_LEASE_EVENT,
+        "occurredAt": 1_767_225_640_001,
+        "eventId": "evt-input-requested-5",
+        "version": 5,
+        "causationId": "cmd-input-1",
+        "attemptId": "att-0001-1",
+        "epoch": 1,
+        "requestId": "inreq-0001-1",
+        "checkpointDigest": _CHECKPOINT_DIGEST,
+        "inputSchema": _INPUT_SCHEMA,
+        "prompt": "Удалить 3 файла? Delete 3 files?",
+        "expiresAt": 1_767_312_000_000,
+    },
+    ("tenure.runs.events.InputProvided", 1): {
+        **_EVENT,
+        "occurredAt": 1_767_226_000_000,
+        "eventId": "evt-input-provided-6",
+        "version": 6,
+        "causationId": "cmd-answer-1",
+        "requestId": "inreq-0001-1",
+        "responseId": "resp-1",
+        "answer": '{"approve":true}',
+        "checkpointDigest": _CHECKPOINT_DIGEST,
+    },
+    ("tenure.runs.events.UploadGrantIssued", 1): {
+        **_LEASE_EVENT,
+        "occurredAt": 1_767_225_645_000,
+        "eventId": "evt-grant-5",
+        "version": 5,
+        "causationId": "cmd-grant-1",
+        "grantId": "grant-0001-1",
+        "attemptId": "att-0001-1",
+        "epoch": 1,
+        "destination": "reports/отчёт.json",
+        "keyPrefix": "runs/run-0001/att-0001-1/",
+        "maxBytes": 1_073_741_824,
+        "mediaType": "application/json",
+        "expiresAt": 1_767_226_545_000,
     },
 }
 

@@ -253,17 +253,24 @@ SAMPLES: dict[str, dict[str, Any]] = {
     },
 }
 
-# Lease and effect records (issue 3) and lifecycle records (issue 4) take their values from
-# their newest golden sample, which make_golden.py writes from hand-picked values; naming them
-# here one by one keeps test_samples_cover_every_record_name a real check that a new schema
-# gets a sample.
-_LEASE_COMMANDS = "ClaimRun RenewLease ReportAttempt TakeOverLease RecordEffectIntent RecordEffectOutcome"
+# Lease, effect and upload records (issues 3, 4b) and lifecycle records (issues 4, 4b) take their
+# values from their newest golden sample, which make_golden.py writes from hand-picked values;
+# naming them here one by one keeps test_samples_cover_every_record_name a real check that a new
+# schema gets a sample.
+_LEASE_COMMANDS = (
+    "ClaimRun RenewLease ReportAttempt TakeOverLease RecordEffectIntent RecordEffectOutcome"
+    " RequestUploadGrant"
+)
 _LEASE_EVENTS = (
     "AttemptClaimed LeaseRenewed LeaseAtRisk LeaseExpired RunRequeued LeaseTakenOver AttemptReported"
-    " EffectIntentRecorded EffectOutcomeRecorded"
+    " EffectIntentRecorded EffectOutcomeRecorded UploadGrantIssued"
 )
-_LIFECYCLE_COMMANDS = "RetryRun"
-_LIFECYCLE_EVENTS = "RunCancelRequested RunInterrupted DeadlineReached RunFailed RunRetried"
+_LIFECYCLE_COMMANDS = "RetryRun RequestInput ProvideInput"
+_LIFECYCLE_EVENTS = (
+    "RunCancelRequested RunInterrupted DeadlineReached RunFailed RunRetried InputRequested InputProvided"
+)
+REPORT_ATTEMPT = "tenure.runs.commands.ReportAttempt"
+ATTEMPT_REPORTED = "tenure.runs.events.AttemptReported"
 GOLDEN_SAMPLED = (
     *(f"tenure.runs.commands.{name}" for name in f"{_LEASE_COMMANDS} {_LIFECYCLE_COMMANDS}".split()),
     *(f"tenure.runs.events.{name}" for name in f"{_LEASE_EVENTS} {_LIFECYCLE_EVENTS}".split()),
@@ -388,6 +395,87 @@ def test_decode_can_target_an_older_reader_version(registry: SchemaRegistry) -> 
     decoded = registry.decode(data, reader_version=1)
     assert "labels" not in decoded.record
     assert decoded.record["queueReservationId"] == "resv-1"
+
+
+# --- nested records (the ResultManifest's ArtifactEntry) ----------------------------------------
+
+
+def _artifact(artifact_id: str, size: int) -> dict[str, Any]:
+    return {
+        "artifactId": artifact_id,
+        "digest": "sha256:" + "0f" * 32,
+        "sizeBytes": size,
+        "mediaType": "application/octet-stream",
+    }
+
+
+@pytest.mark.parametrize("full_name", [REPORT_ATTEMPT, ATTEMPT_REPORTED])
+@pytest.mark.parametrize("count", [0, 1, 3])
+def test_arrays_of_nested_records_round_trip_exe_15(
+    registry: SchemaRegistry, full_name: str, count: int
+) -> None:
+    """EXE-15: a ResultManifest of any length travels exactly, in order, sizes as longs."""
+    manifest = [_artifact(f"a{i}-é", 2**33 + i) for i in range(count)]
+    record = {**SAMPLES[full_name], "manifest": manifest}
+    decoded = registry.decode(registry.encode(full_name, record))
+    assert decoded.record == record
+    assert decoded.record["manifest"] == manifest
+
+
+def test_report_attempt_v1_data_decodes_with_an_empty_unverified_manifest(registry: SchemaRegistry) -> None:
+    v1 = registry.get(REPORT_ATTEMPT, 1)
+    v1_record = {f["name"]: SAMPLES[REPORT_ATTEMPT][f["name"]] for f in v1.declared["fields"]}
+    decoded = registry.decode(registry.encode(REPORT_ATTEMPT, v1_record, version=1))
+    assert (decoded.version, registry.latest(REPORT_ATTEMPT).version) == (1, 2)
+    assert decoded.record == {**v1_record, "manifest": [], "manifestVerified": False, "manifestProblem": ""}
+
+
+@pytest.mark.parametrize(
+    ("entry", "field_part"),
+    [
+        ({**_artifact("a1", 1), "sizeBytes": "1"}, "sizeBytes"),
+        ({k: v for k, v in _artifact("a1", 1).items() if k != "digest"}, "digest"),
+        ({**_artifact("a1", 1), "sizeBytes": 2**63}, "sizeBytes"),
+    ],
+)
+def test_wrong_nested_value_is_a_schema_violation_naming_the_nested_field(
+    registry: SchemaRegistry, entry: dict[str, Any], field_part: str
+) -> None:
+    with pytest.raises(SchemaViolation) as raised:
+        registry.encode(REPORT_ATTEMPT, {**SAMPLES[REPORT_ATTEMPT], "manifest": [entry]})
+    assert field_part in raised.value.field
+    assert "ArtifactEntry" in str(raised.value)
+
+
+def _with_entries(name: str, entry_fields: list[dict[str, Any]]) -> dict[str, Any]:
+    """A record `name` whose one field is an array of the inline named record tenure.t.Entry."""
+    entry = {"type": "record", "name": "Entry", "namespace": "tenure.t", "fields": entry_fields}
+    return {
+        "type": "record",
+        "name": name,
+        "namespace": "tenure.t.events",
+        "fields": [{"name": "entries", "type": {"type": "array", "items": entry}, "default": []}],
+    }
+
+
+def test_a_named_type_defined_inline_in_several_files_is_scoped_to_each_file(tmp_path: Path) -> None:
+    """Every schema file defines the shared record it needs (e.g. tenure.runs.ArtifactEntry) on its
+    own; the registry parses each file separately, so a second definition is no redefinition,
+    and each file encodes and decodes with its own."""
+    small = [{"name": "id", "type": "string"}]
+    larger = [*small, {"name": "size", "type": "long"}]
+    _write_schema(tmp_path, "t/events/Thing.v1.avsc", _with_entries("Thing", small))
+    _write_schema(tmp_path, "t/events/Other.v1.avsc", _with_entries("Other", larger))
+    two_files = SchemaRegistry.from_directory(tmp_path)
+    assert two_files.names() == ("tenure.t.events.Other", "tenure.t.events.Thing")
+    for full_name, entries in [
+        ("tenure.t.events.Thing", [{"id": "x"}, {"id": "y"}]),
+        ("tenure.t.events.Other", [{"id": "x", "size": 2**40}]),
+    ]:
+        decoded = two_files.decode(two_files.encode(full_name, {"entries": entries}))
+        assert (decoded.full_name, decoded.record) == (full_name, {"entries": entries})
+    with pytest.raises(SchemaViolation):
+        two_files.encode("tenure.t.events.Other", {"entries": [{"id": "x"}]})
 
 
 # --- failures -----------------------------------------------------------------------------------

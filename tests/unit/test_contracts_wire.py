@@ -3,7 +3,8 @@
 Every schema under schemas/ must have exactly one frozen contract type whose snake_case fields
 are the schema's camelCase fields in the same order, with matching Python types and defaults,
 and every contract value must come back from the wire equal to what was sent. Avro arrays are
-tuples on the Python side (so values stay immutable and hashable) and lists on the wire.
+tuples on the Python side (so values stay immutable and hashable) and lists on the wire; a
+nested Avro record (tenure.runs.ArtifactEntry) is a frozen dataclass with snake_case fields.
 
 The expectations here are derived from the .avsc files and the golden samples with helpers of
 this module, not with the mapping code under test, so a mistake in that code cannot hide itself.
@@ -29,6 +30,8 @@ from services.common.avro import SchemaRegistry
 from services.common.contracts import (
     COMMAND_TYPES,
     EVENT_TYPES,
+    ArtifactEntry,
+    AttemptReported,
     ClaimRun,
     CommandRejected,
     LeaseTakenOver,
@@ -36,6 +39,8 @@ from services.common.contracts import (
     RecordEffectOutcome,
     RenewLease,
     ReportAttempt,
+    RequestInput,
+    RequestUploadGrant,
     RunCommand,
     RunEvent,
     from_record,
@@ -51,6 +56,9 @@ GOLDEN_DIR = REPO_ROOT / "tests" / "golden"
 REGISTRY = SchemaRegistry.from_directory(SCHEMA_DIR)
 CODEC = MessageCodec(REGISTRY)
 ALL_TYPES: tuple[type[Any], ...] = (*COMMAND_TYPES, *EVENT_TYPES, CommandRejected)
+
+# Nested Avro records and their contract types, by Avro full name.
+NESTED_TYPES: dict[str, type[Any]] = {"tenure.runs.ArtifactEntry": ArtifactEntry}
 
 # Wire defaults the Python type deliberately does not repeat: a rejection must always say
 # whether the Run existed, so the processor has to pass current_status explicitly.
@@ -75,12 +83,30 @@ def _topic_of(cls: type[Any]) -> str:
     return RUNS_EVENTS.name if cls in EVENT_TYPES else RUNS_REJECTIONS.name
 
 
-def _contract_value(cls: type[Any], record: Mapping[str, Any]) -> Any:
-    """`cls` built from a camelCase wire record by hand: arrays as tuples, maps read-only."""
+def _nested_record_type(avro_type: Any) -> type[Any] | None:
+    """The contract type of an inline Avro record (as the .avsc declares it), else None."""
+    if not (isinstance(avro_type, dict) and avro_type["type"] == "record"):
+        return None
+    name = avro_type["name"]
+    full_name = name if "." in name else f"{avro_type['namespace']}.{name}"
+    return NESTED_TYPES[full_name]
+
+
+def _contract_value(
+    cls: type[Any], record: Mapping[str, Any], fields: list[dict[str, Any]] | None = None
+) -> Any:
+    """`cls` built from a camelCase wire record by hand, guided by its schema `fields`: arrays as
+    tuples (of nested contract values for arrays of records), maps read-only."""
+    types_by_name = {f["name"]: f["type"] for f in (fields or _schema_fields(cls))}
     kwargs: dict[str, Any] = {}
     for key, value in record.items():
+        avro_type = types_by_name[key]
         if isinstance(value, list):
-            value = tuple(value)
+            items = avro_type["items"]
+            nested = _nested_record_type(items)
+            value = tuple(
+                value if nested is None else (_contract_value(nested, v, items["fields"]) for v in value)
+            )
         elif isinstance(value, dict):
             value = MappingProxyType(dict(value))
         kwargs[_snake(key)] = value
@@ -128,7 +154,7 @@ def test_commands_and_events_live_in_their_namespaces_and_unions() -> None:
     assert all(full_name_of(cls).startswith("tenure.runs.events.") for cls in EVENT_TYPES)
     assert set(typing.get_args(RunCommand)) == set(COMMAND_TYPES)
     assert set(typing.get_args(RunEvent)) == set(EVENT_TYPES)
-    assert len(COMMAND_TYPES) == 9 and len(EVENT_TYPES) == 16
+    assert len(COMMAND_TYPES) == 12 and len(EVENT_TYPES) == 19
 
 
 # --- fields, types and defaults ---------------------------------------------------------------
@@ -138,6 +164,9 @@ def _python_type_for(avro_type: Any) -> Any:
     if isinstance(avro_type, list):
         (branch,) = [t for t in avro_type if t != "null"]
         return _python_type_for(branch) | None
+    nested = _nested_record_type(avro_type)
+    if nested is not None:
+        return nested
     if isinstance(avro_type, dict):
         if avro_type.get("logicalType") == "timestamp-millis":
             return int  # epoch millis; the codec never turns them into datetimes
@@ -204,11 +233,38 @@ def test_dataclass_field_types_and_defaults_match_the_schema(cls: type[Any]) -> 
 def test_holder_commands_carry_attempt_epoch_and_sequence_exe_4() -> None:
     """EXE-4: every heartbeat and terminal report carries attemptId, leaseEpoch and sequence;
     LEASE-3: effects carry the fencing epoch. Checked on the wire schemas themselves."""
-    for cls in (RenewLease, ReportAttempt):
+    for cls in (RenewLease, ReportAttempt, RequestInput):
         fields = {f["name"]: f["type"] for f in _schema_fields(cls)}
         assert (fields["attemptId"], fields["leaseEpoch"], fields["sequence"]) == ("string", "long", "long")
-    for effect_cls in (RecordEffectIntent, RecordEffectOutcome):
+    for effect_cls in (RecordEffectIntent, RecordEffectOutcome, RequestUploadGrant):
         assert {f["name"]: f["type"] for f in _schema_fields(effect_cls)}["leaseEpoch"] == "long"
+
+
+def _artifact_entry_definitions() -> list[tuple[str, dict[str, Any]]]:
+    """(schema file, inline definition) of tenure.runs.ArtifactEntry in every latest schema."""
+    found = []
+    for cls in ALL_TYPES:
+        for wire_field in _schema_fields(cls):
+            avro_type = wire_field["type"]
+            is_array = isinstance(avro_type, dict) and avro_type["type"] == "array"
+            if is_array and _nested_record_type(avro_type["items"]) is ArtifactEntry:
+                found.append((f"{cls.__name__}.{wire_field['name']}", avro_type["items"]))
+    return found
+
+
+def test_artifact_entry_mirrors_its_inline_record_in_every_schema_exe_15() -> None:
+    """EXE-15: a manifest entry is artifactId, digest, sizeBytes and mediaType, nothing else;
+    the dataclass has exactly those fields, in order, with the schema's types and no defaults."""
+    definitions = _artifact_entry_definitions()
+    assert sorted(where for where, _ in definitions) == ["AttemptReported.manifest", "ReportAttempt.manifest"]
+    hints = typing.get_type_hints(ArtifactEntry)
+    for where, record in definitions:
+        python_fields = dataclasses.fields(ArtifactEntry)
+        assert [f.name for f in python_fields] == [_snake(f["name"]) for f in record["fields"]], where
+        for python_field, wire_field in zip(python_fields, record["fields"], strict=True):
+            assert hints[python_field.name] == _python_type_for(wire_field["type"]), where
+            assert _python_default(python_field) is dataclasses.MISSING and "default" not in wire_field
+    assert dataclasses.fields(ArtifactEntry)[2].name == "size_bytes" and hints["size_bytes"] is int
 
 
 # --- wire mapping and round trips -------------------------------------------------------------
@@ -302,6 +358,63 @@ def test_empty_and_non_empty_effects_attempted_round_trip() -> None:
         assert decoded == message
 
 
+_ENTRY_A = ArtifactEntry(
+    artifact_id="a1", digest="sha256:" + "ab" * 32, size_bytes=5_368_709_120, media_type="application/json"
+)
+_ENTRY_B = ArtifactEntry(
+    artifact_id="отчёт", digest="sha256:" + "cd" * 32, size_bytes=0, media_type="text/plain"
+)
+
+
+def test_manifest_maps_nested_records_camel_case_and_tuples_both_ways_exe_15() -> None:
+    _, report = _from_golden(ReportAttempt)
+    message = dataclasses.replace(report, manifest=(_ENTRY_A, _ENTRY_B))
+    record = to_record(message)
+    assert type(record["manifest"]) is list
+    assert record["manifest"] == [
+        {
+            "artifactId": "a1",
+            "digest": "sha256:" + "ab" * 32,
+            "sizeBytes": 5_368_709_120,
+            "mediaType": "application/json",
+        },
+        {"artifactId": "отчёт", "digest": "sha256:" + "cd" * 32, "sizeBytes": 0, "mediaType": "text/plain"},
+    ]
+    assert all(type(entry) is dict for entry in record["manifest"])
+    back = from_record(full_name_of(ReportAttempt), record)
+    assert back == message and type(back.manifest) is tuple
+    assert all(type(entry) is ArtifactEntry for entry in back.manifest)
+    decoded = _round_trip(message)
+    assert decoded == message and hash(decoded) == hash(message)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        decoded.manifest[0].size_bytes = 1
+
+
+@pytest.mark.parametrize("manifest", [(), (_ENTRY_A,), (_ENTRY_B, _ENTRY_A, _ENTRY_B)])
+def test_manifests_of_any_length_round_trip_in_order(manifest: tuple[ArtifactEntry, ...]) -> None:
+    for cls in (ReportAttempt, AttemptReported):
+        _, golden = _from_golden(cls)
+        message = dataclasses.replace(golden, manifest=manifest)
+        decoded = _round_trip(message)
+        assert decoded.manifest == manifest and type(decoded.manifest) is tuple
+        assert decoded == message
+
+
+def test_report_attempt_v1_on_the_log_becomes_an_unverified_report_without_manifest() -> None:
+    """EXE-1: a report written before manifests existed never reads as a verified manifest."""
+    decoded = CODEC.decode((GOLDEN_DIR / "ReportAttempt.v1.bin").read_bytes())
+    assert type(decoded) is ReportAttempt
+    assert (decoded.manifest, decoded.manifest_verified, decoded.manifest_problem) == ((), False, "")
+    reported = CODEC.decode((GOLDEN_DIR / "AttemptReported.v1.bin").read_bytes())
+    assert type(reported) is AttemptReported and reported.manifest == ()
+
+
+def test_nested_records_ignore_unknown_wire_fields() -> None:
+    record, expected = _from_golden(AttemptReported)
+    widened = {**record, "manifest": [{**entry, "addedLater": 1} for entry in record["manifest"]]}
+    assert from_record(full_name_of(AttemptReported), widened) == expected
+
+
 def test_from_record_ignores_unknown_wire_fields_and_converts_arrays() -> None:
     record, expected = _from_golden(RenewLease)
     assert from_record(full_name_of(RenewLease), {**record, "addedLater": [1, 2]}) == expected
@@ -319,6 +432,10 @@ def _values_for(avro_type: Any) -> st.SearchStrategy[Any]:
     if isinstance(avro_type, list):
         (branch,) = [t for t in avro_type if t != "null"]
         return st.none() | _values_for(branch)
+    nested = _nested_record_type(avro_type)
+    if nested is not None:
+        fields = {_snake(f["name"]): _values_for(f["type"]) for f in avro_type["fields"]}
+        return st.fixed_dictionaries(fields).map(lambda kwargs: nested(**kwargs))
     if isinstance(avro_type, dict):
         if avro_type["type"] == "array":
             return st.lists(_values_for(avro_type["items"]), max_size=4).map(tuple)

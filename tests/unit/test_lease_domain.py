@@ -135,6 +135,8 @@ def report_cmd(
         outcome=outcome,
         error_code=error_code,
         detail=f"reported {outcome}",
+        # The API verified an (empty) ResultManifest; without it a success is recorded as failed.
+        manifest_verified=outcome == "succeeded",
     )
 
 
@@ -1183,3 +1185,18 @@ def test_state_codec_round_trips_every_reachable_lease_state(
     sim = _simulate(retry_safe, max_attempts, lease_seconds, steps)
     for state in sim.states:
         assert decode_state(encode_state(state)) == state
+
+
+def test_a_success_without_a_verified_manifest_is_recorded_as_failed_exe_1() -> None:
+    """EXE-1: exit code 0 alone never makes a success."""
+    run = Run()
+    claimed = run.claim("runner-a")
+    command = dataclasses.replace(
+        report_cmd(run.run_id, claimed.attempt_id, 1, 1),
+        manifest_verified=False,
+        manifest_problem="artifact a1: missing",
+    )
+    (reported,) = run.accept(command)
+    assert reported.outcome == "failed" and reported.error_code == "MANIFEST_INVALID"
+    assert "a1: missing" in reported.detail
+    assert run.state.status is RunStatus.FAILED

@@ -348,3 +348,16 @@ def test_views_agree_with_the_processor_state_folded_from_the_same_log() -> None
         assert view["specDigest"] == state.spec_digest
         assert view["queueReservationId"] == state.queue_reservation_id
         assert {h["causationId"] for h in view["history"]} == set(state.handled_commands)
+
+
+def test_every_problem_slug_the_api_can_return_is_documented() -> None:
+    """Each ApiProblem slug and rejection mapping names a /problems/<slug> the API serves."""
+    import pathlib
+    import re
+
+    from services.command_api.problems import PROBLEM_TYPES, REJECTION_PROBLEMS
+
+    used = set(REJECTION_PROBLEMS.values())
+    for path in pathlib.Path("services/command_api").glob("*.py"):
+        used |= set(re.findall(r'ApiProblem\(\s*"([a-z-]+)"', path.read_text()))
+    assert used - set(PROBLEM_TYPES) == set()

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from services.common.avro import SchemaRegistry, SchemaVersion
+from services.common.avro import SchemaRegistry, SchemaVersion, parsing_canonical_form
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_DIR = REPO_ROOT / "schemas"
@@ -87,11 +87,38 @@ def test_every_schema_file_is_loaded() -> None:
     }
 
 
+def _inline_records(schema: Any, namespace: str) -> list[tuple[str, dict[str, Any]]]:
+    """(full name, definition) of every record defined inline below `schema`, outermost first."""
+    if isinstance(schema, list):
+        return [found for branch in schema for found in _inline_records(branch, namespace)]
+    if not isinstance(schema, dict):
+        return []  # a primitive, or a reference to a named type defined elsewhere in the file
+    if schema["type"] == "record":
+        name = schema["name"]
+        full_name = name if "." in name else f"{schema.get('namespace', namespace)}.{name}"
+        inner_namespace = full_name.rsplit(".", 1)[0]
+        nested = [found for f in schema["fields"] for found in _inline_records(f["type"], inner_namespace)]
+        return [(full_name, schema), *nested]
+    if schema["type"] == "array":
+        return _inline_records(schema["items"], namespace)
+    if schema["type"] == "map":
+        return _inline_records(schema["values"], namespace)
+    return []
+
+
+def _nested_records(version: SchemaVersion) -> list[tuple[str, dict[str, Any]]]:
+    return _inline_records(dict(version.declared), "")[1:]
+
+
 @pytest.mark.parametrize("version", ALL_VERSIONS, ids=_version_id)
 def test_schema_is_documented_and_free_of_enums(version: SchemaVersion) -> None:
     assert version.declared.get("doc"), f"{version.path}: the record needs a doc"
     for field in version.declared["fields"]:
         assert field.get("doc"), f"{version.path}: field {field['name']} needs a doc"
+    for full_name, record in _nested_records(version):
+        assert record.get("doc"), f"{version.path}: nested record {full_name} needs a doc"
+        for field in record["fields"]:
+            assert field.get("doc"), f"{version.path}: field {full_name}.{field['name']} needs a doc"
     # Statuses and codes are strings so new values need no schema change; an Avro enum would
     # make an unknown symbol undecodable for old readers.
     assert '"enum"' not in version.path.read_text()
@@ -137,6 +164,40 @@ def test_run_submitted_has_a_real_evolution_step() -> None:
     steps = [(o.version, n.version) for o, n in EVOLUTION_STEPS]
     names = {n.full_name for _, n in EVOLUTION_STEPS}
     assert (1, 2) in steps and "tenure.runs.events.RunSubmitted" in names
+
+
+def test_shared_named_records_agree_across_the_latest_schemas() -> None:
+    """Each file defines a shared record (e.g. tenure.runs.ArtifactEntry) inline for itself, so
+    nothing but this test keeps the copies equal: the latest schema of every record must carry
+    one wire form per shared name. Older versions keep the form they were released with."""
+    forms: dict[str, dict[str, list[str]]] = {}
+    for name in REGISTRY.names():
+        latest = REGISTRY.latest(name)
+        for full_name, record in _nested_records(latest):
+            form = parsing_canonical_form({**record, "name": full_name})
+            forms.setdefault(full_name, {}).setdefault(form, []).append(_version_id(latest))
+    for full_name, by_form in forms.items():
+        assert len(by_form) == 1, f"{full_name} is defined differently in {sorted(by_form.values())}"
+    shared = forms["tenure.runs.ArtifactEntry"]
+    assert sorted(next(iter(shared.values()))) == ["AttemptReported.v2", "ReportAttempt.v2"]
+
+
+def test_array_of_record_fields_are_exercised_by_real_evolution_steps() -> None:
+    """The compatibility tests above cover an array-of-record field added with default []."""
+    added = {
+        (newer.full_name, newer.version, name)
+        for older, newer in EVOLUTION_STEPS
+        for name, field in _fields(newer).items()
+        if name not in _fields(older)
+        and isinstance(field["type"], dict)
+        and field["type"]["type"] == "array"
+        and isinstance(field["type"]["items"], dict)
+        and field["default"] == []
+    }
+    assert {
+        ("tenure.runs.commands.ReportAttempt", 2, "manifest"),
+        ("tenure.runs.events.AttemptReported", 2, "manifest"),
+    } <= added
 
 
 # --- golden samples -----------------------------------------------------------------------------

@@ -1,14 +1,14 @@
-"""Message contracts: frozen value types for every command, event and rejection on the wire."""
+"""Message contracts: frozen value types for every command, event and rejection on the wire.
 
-from services.common.contracts.runs import (
-    COMMAND_TYPES,
-    EVENT_TYPES,
+Import them from here; the modules below only group them by theme (leases: the lease holder's
+side; lifecycle: cancel, deadlines, retries, input; runs: the Run itself and the wire mapping).
+"""
+
+from services.common.contracts.leases import (
+    ArtifactEntry,
     AttemptClaimed,
     AttemptReported,
-    CancelRun,
     ClaimRun,
-    CommandRejected,
-    DeadlineReached,
     EffectIntentRecorded,
     EffectOutcomeRecorded,
     LeaseAtRisk,
@@ -19,18 +19,33 @@ from services.common.contracts.runs import (
     RecordEffectOutcome,
     RenewLease,
     ReportAttempt,
+    RequestUploadGrant,
+    RunRequeued,
+    TakeOverLease,
+    UploadGrantIssued,
+)
+from services.common.contracts.lifecycle import (
+    DeadlineReached,
+    InputProvided,
+    InputRequested,
+    ProvideInput,
+    RequestInput,
     RetryRun,
-    RunCancelled,
     RunCancelRequested,
-    RunCommand,
-    RunEvent,
     RunFailed,
     RunInterrupted,
-    RunRequeued,
     RunRetried,
+)
+from services.common.contracts.runs import (
+    COMMAND_TYPES,
+    EVENT_TYPES,
+    CancelRun,
+    CommandRejected,
+    RunCancelled,
+    RunCommand,
+    RunEvent,
     RunSubmitted,
     SubmitRun,
-    TakeOverLease,
     from_record,
     full_name_of,
     to_record,
@@ -39,6 +54,7 @@ from services.common.contracts.runs import (
 __all__ = [
     "COMMAND_TYPES",
     "EVENT_TYPES",
+    "ArtifactEntry",
     "AttemptClaimed",
     "AttemptReported",
     "CancelRun",
@@ -47,14 +63,19 @@ __all__ = [
     "DeadlineReached",
     "EffectIntentRecorded",
     "EffectOutcomeRecorded",
+    "InputProvided",
+    "InputRequested",
     "LeaseAtRisk",
     "LeaseExpired",
     "LeaseRenewed",
     "LeaseTakenOver",
+    "ProvideInput",
     "RecordEffectIntent",
     "RecordEffectOutcome",
     "RenewLease",
     "ReportAttempt",
+    "RequestInput",
+    "RequestUploadGrant",
     "RetryRun",
     "RunCancelRequested",
     "RunCancelled",
@@ -67,6 +88,7 @@ __all__ = [
     "RunSubmitted",
     "SubmitRun",
     "TakeOverLease",
+    "UploadGrantIssued",
     "from_record",
     "full_name_of",
     "to_record",

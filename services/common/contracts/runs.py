@@ -1,73 +1,81 @@
-"""Commands, events and rejections of the Run aggregate as immutable values.
+"""The Run aggregate's own commands and events, every contract's union, and the wire mapping.
 
 Field names are snake_case here and camelCase on the wire (the Avro schemas in schemas/runs);
 `to_record`/`from_record` translate one to the other so no other module spells a wire name.
-Avro maps are read-only mappings here and Avro arrays are tuples, so values stay immutable.
+Avro maps are read-only mappings here, Avro arrays are tuples, and nested Avro records are
+frozen dataclasses (e.g. ArtifactEntry), so values stay immutable. The lease holder's contracts
+live in leases.py and the longer life of a Run in lifecycle.py; the one mapping table is here.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+import typing
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping, Union
 
+from services.common.contracts._headers import (
+    COMMANDS_NS,
+    EVENTS_NS,
+    REJECTIONS_NS,
+    CommandHeader,
+    EventHeader,
+)
+from services.common.contracts.leases import (
+    AttemptClaimed,
+    AttemptReported,
+    ClaimRun,
+    EffectIntentRecorded,
+    EffectOutcomeRecorded,
+    LeaseAtRisk,
+    LeaseExpired,
+    LeaseRenewed,
+    LeaseTakenOver,
+    RecordEffectIntent,
+    RecordEffectOutcome,
+    RenewLease,
+    ReportAttempt,
+    RequestUploadGrant,
+    RunRequeued,
+    TakeOverLease,
+    UploadGrantIssued,
+)
+from services.common.contracts.lifecycle import (
+    DeadlineReached,
+    InputProvided,
+    InputRequested,
+    ProvideInput,
+    RequestInput,
+    RetryRun,
+    RunCancelRequested,
+    RunFailed,
+    RunInterrupted,
+    RunRetried,
+)
+
 __all__ = [
     "COMMAND_TYPES",
     "EVENT_TYPES",
-    "AttemptClaimed",
-    "AttemptReported",
     "CancelRun",
-    "ClaimRun",
     "CommandRejected",
-    "DeadlineReached",
-    "EffectIntentRecorded",
-    "EffectOutcomeRecorded",
-    "LeaseAtRisk",
-    "LeaseExpired",
-    "LeaseRenewed",
-    "LeaseTakenOver",
-    "RecordEffectIntent",
-    "RecordEffectOutcome",
-    "RenewLease",
-    "ReportAttempt",
-    "RetryRun",
-    "RunCancelRequested",
     "RunCancelled",
     "RunCommand",
     "RunEvent",
-    "RunFailed",
-    "RunInterrupted",
-    "RunRequeued",
-    "RunRetried",
     "RunSubmitted",
     "SubmitRun",
-    "TakeOverLease",
     "from_record",
     "full_name_of",
     "to_record",
 ]
 
-_COMMANDS_NS = "tenure.runs.commands"
-_EVENTS_NS = "tenure.runs.events"
-_REJECTIONS_NS = "tenure.runs.rejections"
 
-
-# --- commands -------------------------------------------------------------------------------
+# --- the Run's own commands and events --------------------------------------------------------
 
 
 @dataclass(frozen=True, kw_only=True)
-class _CommandBase:
-    command_id: str
-    run_id: str
-    issued_at: int
-    correlation_id: str
-    actor: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class SubmitRun(_CommandBase):
+class SubmitRun(CommandHeader):
     """Create a Run; `parent_run_id` names the terminal Run a user's retry copies (EXE-5)."""
 
     tenant: str
@@ -80,111 +88,12 @@ class SubmitRun(_CommandBase):
 
 
 @dataclass(frozen=True, kw_only=True)
-class CancelRun(_CommandBase):
+class CancelRun(CommandHeader):
     reason: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
-class ClaimRun(_CommandBase):
-    """A runner or human asks for a queued Run; 0 seconds means the deployment default."""
-
-    runner_id: str
-    holder_kind: str = "runner"
-    capabilities: tuple[str, ...] = ()
-    lease_seconds: int = 0
-    heartbeat_seconds: int = 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class RenewLease(_CommandBase):
-    """The holder's heartbeat, fenced by attempt id and lease epoch (EXE-4)."""
-
-    attempt_id: str
-    lease_epoch: int
-    sequence: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReportAttempt(_CommandBase):
-    """The holder's terminal report of its Attempt: outcome "succeeded" or "failed"."""
-
-    attempt_id: str
-    lease_epoch: int
-    sequence: int
-    outcome: str
-    error_code: str = ""
-    detail: str = ""
-
-
-@dataclass(frozen=True, kw_only=True)
-class TakeOverLease(_CommandBase):
-    """Revoke the current lease and issue a new one to `new_holder` (LEASE-6, LEASE-7)."""
-
-    reason: str
-    new_holder: str
-    holder_kind: str = "runner"
-    lease_seconds: int = 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class RecordEffectIntent(_CommandBase):
-    """The holder announces an external effect before causing it (intent before action)."""
-
-    attempt_id: str
-    lease_epoch: int
-    effect_id: str
-    idempotency_key: str
-    tool: str
-    operation: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class RecordEffectOutcome(_CommandBase):
-    """How an announced effect ended: "committed", "failed" or "unknown"."""
-
-    attempt_id: str
-    lease_epoch: int
-    effect_id: str
-    outcome: str
-    detail: str = ""
-
-
-@dataclass(frozen=True, kw_only=True)
-class RetryRun(_CommandBase):
-    """A user's explicit retry of an interrupted Run: same Run, a new Attempt later (EXE-5)."""
-
-    acknowledge_repeated_effects: bool = False
-    reason: str = ""
-
-
-RunCommand = Union[
-    SubmitRun,
-    CancelRun,
-    ClaimRun,
-    RenewLease,
-    ReportAttempt,
-    TakeOverLease,
-    RecordEffectIntent,
-    RecordEffectOutcome,
-    RetryRun,
-]
-
-# --- events ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class _EventBase:
-    event_id: str
-    run_id: str
-    version: int
-    occurred_at: int
-    causation_id: str
-    correlation_id: str
-    actor: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunSubmitted(_EventBase):
+class RunSubmitted(EventHeader):
     tenant: str
     idempotency_key: str
     execution_spec: str
@@ -198,211 +107,10 @@ class RunSubmitted(_EventBase):
 
 
 @dataclass(frozen=True, kw_only=True)
-class RunCancelled(_EventBase):
+class RunCancelled(EventHeader):
     reason: str
     previous_status: str
     reservation_released: bool
-
-
-@dataclass(frozen=True, kw_only=True)
-class AttemptClaimed(_EventBase):
-    """A new Attempt and its lease, issued together; times are epoch millis.
-
-    `deadline_at` is fixed at the Run's first assignment and repeated on later claims (EXE-10).
-    """
-
-    attempt_id: str
-    attempt_number: int
-    lease_id: str
-    epoch: int
-    holder: str
-    holder_kind: str
-    capabilities: tuple[str, ...]
-    lease_seconds: int
-    heartbeat_seconds: int
-    at_risk_after_ms: int
-    expires_at: int
-    deadline_at: int | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class LeaseRenewed(_EventBase):
-    """An accepted heartbeat; `run_started` when it moved the Run preparing -> running."""
-
-    attempt_id: str
-    lease_id: str
-    epoch: int
-    sequence: int
-    expires_at: int
-    run_started: bool = False
-
-
-@dataclass(frozen=True, kw_only=True)
-class LeaseAtRisk(_EventBase):
-    """No renewal for the lease's at-risk interval: jeopardy, not yet expiry (LEASE-4)."""
-
-    attempt_id: str
-    lease_id: str
-    epoch: int
-    last_renewal_at: int
-    expires_at: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class LeaseExpired(_EventBase):
-    """The lease passed `expires_at` (the rule's deadline; `occurred_at` is the timer's decision)."""
-
-    attempt_id: str
-    lease_id: str
-    epoch: int
-    expires_at: int
-    last_renewal_at: int
-    last_sequence: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunRequeued(_EventBase):
-    """The Run went back to the queue for another Attempt, e.g. reason "LEASE_EXPIRED"."""
-
-    reason: str
-    attempts_used: int
-    attempts_remaining: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class LeaseTakenOver(_EventBase):
-    """The previous lease revoked and a new one issued with a higher epoch, and why."""
-
-    previous_attempt_id: str
-    previous_lease_id: str
-    previous_epoch: int
-    previous_holder: str
-    attempt_id: str
-    lease_id: str
-    epoch: int
-    holder: str
-    holder_kind: str
-    reason: str
-    last_renewal_at: int
-    last_sequence: int
-    effects_attempted: tuple[str, ...]
-    lease_seconds: int
-    heartbeat_seconds: int
-    at_risk_after_ms: int
-    expires_at: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class AttemptReported(_EventBase):
-    """The holder's accepted terminal report of its Attempt."""
-
-    attempt_id: str
-    lease_id: str
-    epoch: int
-    sequence: int
-    outcome: str
-    error_code: str
-    detail: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class EffectIntentRecorded(_EventBase):
-    """An external effect announced under a lease before it was caused."""
-
-    attempt_id: str
-    lease_id: str
-    epoch: int
-    effect_id: str
-    idempotency_key: str
-    tool: str
-    operation: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class EffectOutcomeRecorded(_EventBase):
-    """The recorded outcome of an announced effect."""
-
-    attempt_id: str
-    lease_id: str
-    epoch: int
-    effect_id: str
-    outcome: str
-    detail: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunCancelRequested(_EventBase):
-    """Cancel of a running Run accepted: it is cancelling until the runner confirms (EXE-7)."""
-
-    reason: str
-    previous_status: str
-    attempt_id: str
-    epoch: int
-    grace_until: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunInterrupted(_EventBase):
-    """Stopped without a confirmed result, e.g. reason "CANCEL_UNCONFIRMED" (EXE-7, EXE-10)."""
-
-    reason: str
-    attempt_id: str | None = None
-    epoch: int = 0
-    detail: str = ""
-
-
-@dataclass(frozen=True, kw_only=True)
-class DeadlineReached(_EventBase):
-    """The deadline passed; with `stop_requested` the holder must confirm a stop (EXE-10)."""
-
-    deadline_at: int
-    previous_status: str
-    stop_requested: bool
-    attempt_id: str | None = None
-    epoch: int = 0
-    grace_until: int | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunFailed(_EventBase):
-    """The Run ended failed (terminal), e.g. code "DEADLINE_EXCEEDED" or "PREPARATION_FAILED"."""
-
-    code: str
-    detail: str
-    attempt_id: str | None = None
-    epoch: int = 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunRetried(_EventBase):
-    """A user's retry of an interrupted Run accepted: the Run is queued again (EXE-5)."""
-
-    acknowledged_repeated_effects: bool
-    reason: str
-    attempts_used: int
-    previous_status: str
-
-
-RunEvent = Union[
-    RunSubmitted,
-    RunCancelled,
-    AttemptClaimed,
-    LeaseRenewed,
-    LeaseAtRisk,
-    LeaseExpired,
-    RunRequeued,
-    LeaseTakenOver,
-    AttemptReported,
-    EffectIntentRecorded,
-    EffectOutcomeRecorded,
-    RunCancelRequested,
-    RunInterrupted,
-    DeadlineReached,
-    RunFailed,
-    RunRetried,
-]
-
-# --- rejections -----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -422,9 +130,9 @@ class CommandRejected:
     current_version: int
 
 
-# --- wire mapping ---------------------------------------------------------------------------
+# --- unions ---------------------------------------------------------------------------------
 
-COMMAND_TYPES: tuple[type[Any], ...] = (
+RunCommand = Union[
     SubmitRun,
     CancelRun,
     ClaimRun,
@@ -434,8 +142,11 @@ COMMAND_TYPES: tuple[type[Any], ...] = (
     RecordEffectIntent,
     RecordEffectOutcome,
     RetryRun,
-)
-EVENT_TYPES: tuple[type[Any], ...] = (
+    RequestInput,
+    ProvideInput,
+    RequestUploadGrant,
+]
+RunEvent = Union[
     RunSubmitted,
     RunCancelled,
     AttemptClaimed,
@@ -452,11 +163,19 @@ EVENT_TYPES: tuple[type[Any], ...] = (
     DeadlineReached,
     RunFailed,
     RunRetried,
-)
+    InputRequested,
+    InputProvided,
+    UploadGrantIssued,
+]
+
+# --- wire mapping ---------------------------------------------------------------------------
+
+COMMAND_TYPES: tuple[type[Any], ...] = typing.get_args(RunCommand)
+EVENT_TYPES: tuple[type[Any], ...] = typing.get_args(RunEvent)
 _NAMESPACE_BY_TYPE: dict[type[Any], str] = {
-    **{cls: _COMMANDS_NS for cls in COMMAND_TYPES},
-    **{cls: _EVENTS_NS for cls in EVENT_TYPES},
-    CommandRejected: _REJECTIONS_NS,
+    **{cls: COMMANDS_NS for cls in COMMAND_TYPES},
+    **{cls: EVENTS_NS for cls in EVENT_TYPES},
+    CommandRejected: REJECTIONS_NS,
 }
 _TYPE_BY_FULL_NAME: dict[str, type[Any]] = {
     f"{ns}.{cls.__name__}": cls for cls, ns in _NAMESPACE_BY_TYPE.items()
@@ -480,11 +199,21 @@ def full_name_of(message: object) -> str:
     return f"{_NAMESPACE_BY_TYPE[cls]}.{cls.__name__}"
 
 
+def _is_record_value(value: object) -> bool:
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
+
+
+def _record_of(value: Any) -> dict[str, Any]:
+    return {_to_camel(f.name): _to_wire(getattr(value, f.name)) for f in dataclasses.fields(value)}
+
+
 def _to_wire(value: Any) -> Any:
+    if _is_record_value(value):
+        return _record_of(value)
     if isinstance(value, Mapping):
         return dict(value)
     if isinstance(value, tuple):
-        return list(value)
+        return [_to_wire(item) for item in value]
     return value
 
 
@@ -497,26 +226,59 @@ def _from_wire(value: Any) -> Any:
     return value
 
 
+_ARRAY_OF_RECORD_FIELDS: dict[type[Any], dict[str, type[Any]]] = {}
+
+
+def _array_of_record_fields(cls: type[Any]) -> dict[str, type[Any]]:
+    """Fields typed `tuple[SomeRecord, ...]`: field name -> the nested record's dataclass.
+
+    A wire value alone cannot tell an array of records from an array of maps, so the type hints
+    decide which items become dataclasses. Resolving hints is slow, hence the memo.
+    """
+    known = _ARRAY_OF_RECORD_FIELDS.get(cls)
+    if known is not None:
+        return known
+    nested: dict[str, type[Any]] = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        args = typing.get_args(hint)
+        is_variadic_tuple = typing.get_origin(hint) is tuple and len(args) == 2 and args[1] is Ellipsis
+        if is_variadic_tuple and isinstance(args[0], type) and dataclasses.is_dataclass(args[0]):
+            nested[name] = args[0]
+    _ARRAY_OF_RECORD_FIELDS[cls] = nested
+    return nested
+
+
+def _build(cls: type[Any], record: Mapping[str, Any]) -> Any:
+    field_names = {f.name for f in dataclasses.fields(cls)}
+    nested = _array_of_record_fields(cls)
+    kwargs: dict[str, Any] = {}
+    for key, value in record.items():
+        name = _to_snake(key)
+        if name not in field_names:
+            continue
+        if name in nested:
+            kwargs[name] = tuple(_build(nested[name], item) for item in value)
+        else:
+            kwargs[name] = _from_wire(value)
+    return cls(**kwargs)
+
+
 def to_record(message: object) -> dict[str, Any]:
-    """The Avro record (camelCase dict; maps as dicts, arrays as lists) of a contract value."""
-    if not dataclasses.is_dataclass(message) or isinstance(message, type):
+    """The Avro record of a contract value: camelCase keys, maps as dicts, arrays as lists and
+    nested records (e.g. ArtifactEntry) as camelCase dicts."""
+    if not _is_record_value(message):
         raise TypeError(f"not a contract value: {message!r}")
-    return {_to_camel(f.name): _to_wire(getattr(message, f.name)) for f in dataclasses.fields(message)}
+    return _record_of(message)
 
 
 def from_record(full_name: str, record: Mapping[str, Any]) -> Any:
     """The contract value for a decoded Avro record; unknown wire fields are ignored.
 
-    Maps become read-only mappings and arrays become tuples, so the value stays immutable.
+    Maps become read-only mappings, arrays become tuples and nested records their frozen
+    dataclasses (e.g. ArtifactEntry), so the value stays immutable.
     """
     try:
         cls = _TYPE_BY_FULL_NAME[full_name]
     except KeyError:
         raise KeyError(f"no contract type is registered for schema {full_name!r}") from None
-    names = {f.name for f in dataclasses.fields(cls)}
-    kwargs: dict[str, Any] = {}
-    for key, value in record.items():
-        name = _to_snake(key)
-        if name in names:
-            kwargs[name] = _from_wire(value)
-    return cls(**kwargs)
+    return _build(cls, record)

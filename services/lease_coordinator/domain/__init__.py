@@ -1,5 +1,6 @@
 """The pure core of the Run aggregate: no I/O, no clock reads, immutable values only."""
 
+from services.lease_coordinator.domain.inputs import CHECKPOINT_CAPABILITY, run_id_of_grant
 from services.lease_coordinator.domain.lease import decide_timers, next_timer_at
 from services.lease_coordinator.domain.lifecycle import (
     LEASE_TRANSITIONS,
@@ -16,6 +17,7 @@ from services.lease_coordinator.domain.state import (
     DEFAULT_POLICY,
     Decision,
     EffectRecord,
+    InputWait,
     LeasePolicy,
     LeaseState,
     Rejection,
@@ -28,6 +30,7 @@ from services.lease_coordinator.domain.state import (
 )
 
 __all__ = [
+    "CHECKPOINT_CAPABILITY",
     "DEFAULT_POLICY",
     "LEASE_TRANSITIONS",
     "TERMINAL_STATUSES",
@@ -35,6 +38,7 @@ __all__ = [
     "Decision",
     "EffectRecord",
     "IllegalTransition",
+    "InputWait",
     "LeaseCertainty",
     "LeasePolicy",
     "LeaseState",
@@ -54,4 +58,5 @@ __all__ = [
     "next_timer_at",
     "rejection_event",
     "run_id_of_attempt",
+    "run_id_of_grant",
 ]

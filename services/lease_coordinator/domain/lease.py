@@ -62,6 +62,7 @@ __all__ = [
     "decide_takeover",
     "decide_timers",
     "evolve_lease",
+    "fence",
     "next_timer_at",
 ]
 
@@ -116,7 +117,7 @@ def decide_claim(state: RunState, command: ClaimRun, now_ms: int, policy: LeaseP
             RejectionCode.RUN_NOT_CLAIMABLE,
             f"run {state.run_id} is {state.status.value}; only a queued run can be claimed",
         )
-    if state.attempts_used >= state.max_attempts:
+    if state.continuation_of is None and state.attempts_used >= state.max_attempts:
         return Rejection(
             RejectionCode.ATTEMPTS_EXHAUSTED,
             f"run {state.run_id} used all {state.max_attempts} attempts",
@@ -134,7 +135,7 @@ def decide_claim(state: RunState, command: ClaimRun, now_ms: int, policy: LeaseP
                 state, command.command_id, "AttemptClaimed", command.correlation_id, command.actor, now_ms
             ),
             attempt_id=attempt_id_for(state.run_id, epoch),
-            attempt_number=state.attempts_used + 1,
+            attempt_number=state.attempts_started + 1,
             lease_id=lease_id_for(state.run_id, epoch),
             epoch=epoch,
             holder=command.runner_id,
@@ -150,7 +151,7 @@ def decide_claim(state: RunState, command: ClaimRun, now_ms: int, policy: LeaseP
     )
 
 
-def _fence(state: RunState, attempt_id: str, epoch: int, now_ms: int) -> LeaseState | Rejection:
+def fence(state: RunState, attempt_id: str, epoch: int, now_ms: int) -> LeaseState | Rejection:
     """The current lease if `attempt_id`/`epoch` hold it right now, else why not (EXE-4)."""
     lease = state.lease
     if lease is None or epoch > state.epoch:
@@ -175,7 +176,7 @@ def _fence(state: RunState, attempt_id: str, epoch: int, now_ms: int) -> LeaseSt
 
 
 def decide_renew(state: RunState, command: RenewLease, now_ms: int) -> Decision:
-    lease = _fence(state, command.attempt_id, command.lease_epoch, now_ms)
+    lease = fence(state, command.attempt_id, command.lease_epoch, now_ms)
     if isinstance(lease, Rejection):
         return lease
     if command.sequence == lease.last_sequence:
@@ -202,7 +203,7 @@ def decide_renew(state: RunState, command: RenewLease, now_ms: int) -> Decision:
 
 
 def decide_report(state: RunState, command: ReportAttempt, now_ms: int, policy: LeasePolicy) -> Decision:
-    lease = _fence(state, command.attempt_id, command.lease_epoch, now_ms)
+    lease = fence(state, command.attempt_id, command.lease_epoch, now_ms)
     if isinstance(lease, Rejection):
         return lease
     if command.outcome not in REPORT_OUTCOMES:
@@ -219,15 +220,21 @@ def decide_report(state: RunState, command: ReportAttempt, now_ms: int, policy: 
         return Rejection(RejectionCode.INVALID_COMMAND, "only a run asked to stop can report cancelled")
     if command.outcome == "preparation_failed" and state.status is not RunStatus.PREPARING:
         return Rejection(RejectionCode.INVALID_COMMAND, "preparation_failed is reported while preparing")
+    outcome, error_code, detail = command.outcome, command.error_code, command.detail
+    if outcome == "succeeded" and not stopping and not command.manifest_verified:
+        # EXE-1: exit code 0 alone never makes a success; only a verified ResultManifest does.
+        outcome, error_code = "failed", "MANIFEST_INVALID"
+        detail = command.manifest_problem or "the success report carried no verified ResultManifest"
     reported = AttemptReported(
         **_meta(state, command.command_id, "AttemptReported", command.correlation_id, command.actor, now_ms),
         attempt_id=lease.attempt_id,
         lease_id=lease.lease_id,
         epoch=lease.epoch,
         sequence=command.sequence,
-        outcome=command.outcome,
-        error_code=command.error_code,
-        detail=command.detail,
+        outcome=outcome,
+        error_code=error_code,
+        detail=detail,
+        manifest=command.manifest,
     )
     if command.outcome != "preparation_failed":
         return (reported,)
@@ -316,7 +323,7 @@ def decide_takeover(state: RunState, command: TakeOverLease, now_ms: int, policy
 
 def decide_effect_intent(state: RunState, command: RecordEffectIntent, now_ms: int) -> Decision:
     """Intent before action: an effect is recorded under the current lease before it happens."""
-    lease = _fence(state, command.attempt_id, command.lease_epoch, now_ms)
+    lease = fence(state, command.attempt_id, command.lease_epoch, now_ms)
     if isinstance(lease, Rejection):
         return lease
     known = state.effect(command.effect_id)
@@ -487,6 +494,7 @@ def _granted(event: AttemptClaimed | LeaseTakenOver) -> LeaseState:
         last_renewal_at=event.occurred_at,
         last_sequence=0,
         certainty=LeaseCertainty.ACTIVE,
+        capabilities=tuple(event.capabilities) if isinstance(event, AttemptClaimed) else (),
     )
 
 
@@ -517,7 +525,10 @@ def evolve_lease(state: RunState, event: RunEvent) -> RunState | None:
             state,
             status=check_transition(state.status, RunStatus.PREPARING),
             epoch=event.epoch,
-            attempts_used=state.attempts_used + 1,
+            # A continuation after an answer (EXE-8) is a new Attempt but not a retry.
+            attempts_used=state.attempts_used + (0 if state.continuation_of else 1),
+            attempts_started=state.attempts_started + 1,
+            continuation_of=None,
             lease=_granted(event),
             deadline_at=state.deadline_at or event.deadline_at,
         )

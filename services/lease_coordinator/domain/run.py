@@ -16,10 +16,13 @@ from services.common.contracts import (
     ClaimRun,
     CommandRejected,
     LeaseRenewed,
+    ProvideInput,
     RecordEffectIntent,
     RecordEffectOutcome,
     RenewLease,
     ReportAttempt,
+    RequestInput,
+    RequestUploadGrant,
     RetryRun,
     RunCancelled,
     RunCommand,
@@ -30,6 +33,12 @@ from services.common.contracts import (
 )
 from services.common.ids import canonical_json, derived_id, run_id_for, sha256_digest
 from services.common.sequencing import Sequencing, sequence
+from services.lease_coordinator.domain.inputs import (
+    decide_provide_input,
+    decide_request_input,
+    decide_upload_grant,
+    evolve_input,
+)
 from services.lease_coordinator.domain.lease import (
     decide_claim,
     decide_effect_intent,
@@ -38,6 +47,7 @@ from services.lease_coordinator.domain.lease import (
     decide_report,
     decide_takeover,
     evolve_lease,
+    fence,
 )
 from services.lease_coordinator.domain.lifecycle import (
     TERMINAL_STATUSES,
@@ -93,6 +103,15 @@ def decide(
         return decide_report(state, command, now_ms, policy)
     if isinstance(command, RetryRun):
         return decide_retry(state, command, now_ms)
+    if isinstance(command, ProvideInput):
+        return decide_provide_input(state, command, now_ms)
+    if isinstance(command, (RequestInput, RequestUploadGrant)):
+        lease = fence(state, command.attempt_id, command.lease_epoch, now_ms)
+        if isinstance(lease, Rejection):
+            return lease
+        if isinstance(command, RequestInput):
+            return decide_request_input(state, command, now_ms, lease)
+        return decide_upload_grant(state, command, now_ms, policy, lease)
     if isinstance(command, TakeOverLease):
         return decide_takeover(state, command, now_ms, policy)
     if isinstance(command, RecordEffectIntent):
@@ -260,6 +279,8 @@ def evolve(state: RunState | None, event: RunEvent) -> RunState:
         changed = evolve_lease(state, event)
         if changed is None:
             changed = evolve_stop(state, event)
+        if changed is None:
+            changed = evolve_input(state, event)
         if changed is None:
             raise TypeError(f"not a Run event: {event!r}")
         after = changed

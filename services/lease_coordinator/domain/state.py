@@ -16,6 +16,7 @@ __all__ = [
     "RECENT_COMMANDS_KEPT",
     "Decision",
     "EffectRecord",
+    "InputWait",
     "LeasePolicy",
     "LeaseState",
     "Rejection",
@@ -54,6 +55,8 @@ class RejectionCode(StrEnum):
     DUPLICATE_EFFECT = "DUPLICATE_EFFECT"
     UNKNOWN_EFFECT = "UNKNOWN_EFFECT"
     RETRY_NEEDS_ACKNOWLEDGEMENT = "RETRY_NEEDS_ACKNOWLEDGEMENT"
+    CAPABILITY_MISSING = "CAPABILITY_MISSING"
+    INPUT_EXPIRED = "INPUT_EXPIRED"
     CANCEL_ALREADY_REQUESTED = "CANCEL_ALREADY_REQUESTED"
 
 
@@ -81,6 +84,9 @@ class LeasePolicy:
     stop_grace_ms: int = 30_000
     # The organisation's policy on automatic retries (EXE-5); runs must also be retry-safe.
     auto_retry: bool = True
+    # Upload grants (EXE-15): how large and how long-lived a grant may be.
+    max_upload_bytes: int = 1 << 30
+    upload_grant_ms: int = 15 * 60_000
 
     def __post_init__(self) -> None:
         if not 0 < self.at_risk_fraction < 1:
@@ -107,6 +113,7 @@ class LeaseState:
     last_renewal_at: int
     last_sequence: int
     certainty: LeaseCertainty
+    capabilities: tuple[str, ...] = ()
 
     @property
     def held(self) -> bool:
@@ -126,6 +133,15 @@ class StopRequest:
     requested_at: int
     grace_until: int
     reason: str
+
+
+@dataclass(frozen=True)
+class InputWait:
+    """EXE-8: what the run waits for while `waiting_input`, and until when."""
+
+    request_id: str
+    checkpoint_digest: str
+    expires_at: int
 
 
 @dataclass(frozen=True)
@@ -164,6 +180,12 @@ class RunState:
     # EXE-7: once a cancel was accepted, no automatic retry ever happens.
     cancel_accepted_at: int | None = None
     parent_run_id: str | None = None
+    input_wait: InputWait | None = None
+    # Response ids already accepted: a repeated responseId creates no further attempt (EXE-8).
+    input_responses: tuple[str, ...] = ()
+    # Set by an accepted input: the next claim continues the run (EXE-5) and uses no retry.
+    continuation_of: str | None = None
+    attempts_started: int = 0
 
     def remember(self, command_id: str) -> tuple[str, ...]:
         if command_id in self.handled_commands:

@@ -129,7 +129,10 @@ def next_stop_timer_at(state: RunState) -> int | None:
         return None
     if state.status is RunStatus.CANCELLING and state.stop is not None:
         return state.stop.grace_until
-    return None if _deadline_handled(state) else state.deadline_at
+    due = [] if _deadline_handled(state) or state.deadline_at is None else [state.deadline_at]
+    if state.status is RunStatus.WAITING_INPUT and state.input_wait is not None:
+        due.append(state.input_wait.expires_at)
+    return min(due) if due else None
 
 
 def decide_stop_timers(state: RunState, now_ms: int, policy: LeasePolicy) -> tuple[RunEvent, ...]:
@@ -155,6 +158,24 @@ def decide_stop_timers(state: RunState, now_ms: int, policy: LeasePolicy) -> tup
                 attempt_id=lease.attempt_id if lease is not None else None,
                 epoch=lease.epoch if lease is not None else 0,
                 detail=f"no confirmation of the {state.stop.kind.value} stop by {state.stop.grace_until}",
+            ),
+        )
+    wait = state.input_wait
+    if state.status is RunStatus.WAITING_INPUT and wait is not None and now_ms >= wait.expires_at:
+        return (
+            RunFailed(
+                **_meta(
+                    state,
+                    f"timer/{state.run_id}/input/{wait.request_id}",
+                    "RunFailed",
+                    state.run_id,
+                    COORDINATOR_ACTOR,
+                    now_ms,
+                ),
+                code="INPUT_EXPIRED",
+                detail=f"no answer to input request {wait.request_id} by {wait.expires_at}",
+                attempt_id=None,
+                epoch=0,
             ),
         )
     if state.deadline_at is None or now_ms < state.deadline_at or _deadline_handled(state):
@@ -205,7 +226,12 @@ def evolve_stop(state: RunState, event: RunEvent) -> RunState | None:
             state, status=check_transition(state.status, RunStatus.INTERRUPTED), lease=_revoked(state)
         )
     if isinstance(event, RunFailed):
-        return replace(state, status=check_transition(state.status, RunStatus.FAILED), lease=_revoked(state))
+        return replace(
+            state,
+            status=check_transition(state.status, RunStatus.FAILED),
+            lease=_revoked(state),
+            input_wait=None,
+        )
     if isinstance(event, RunRetried):
         return replace(state, status=check_transition(state.status, RunStatus.QUEUED), stop=None)
     return None

@@ -1,0 +1,1040 @@
+"""Tenure's lease-renewal benchmark: sustained heartbeats and expiry detection next to raw Kafka.
+
+One invocation, one broker, phases in this order (see bench/README.md, docs/benchmarks.md):
+  (a) raw confluent-kafka produce + consume of N small records (bench.foundation's raw phase);
+  (l) RenewLease through RunCommandProcessor.handle with Kafka replaced by memory, and the cost
+      of a timer tick as renewals accumulate: the processor's own ceiling;
+  (b) coordinator, projector and API as subprocesses; runs submitted by producing SubmitRun
+      straight to runs.commands, until every view exists;
+  (e) expiry detection, idle: K runs claimed over HTTP with leaseSeconds=2 and never renewed;
+      per run, the view's lease.endedAt (when the coordinator's timer recorded LeaseExpired)
+      minus lease.expiresAt (the rule's deadline), both on the coordinator's clock;
+  (i) five idle seconds: what the processes cost doing nothing;
+  (r) per heartbeat interval H: R runs claimed (POST /runs/{id}/attempts, heartbeatSeconds=H),
+      then S simulated runners (one aiohttp pool each, --client httpx to compare) heartbeat them
+      for D seconds, each run every H seconds, phases spread evenly over H (R/H renewals/s
+      offered); K more runs are claimed with a 2 s lease a third of the way in, to measure expiry
+      detection under that load; every step but the last ends by reporting its attempts as
+      succeeded so no lease timer of it outlives the step.
+
+    PYTHONPATH=. python -m bench.leases [--runs 2000] [--heartbeat-seconds 8,4,2] [--duration 30]
+
+A script, not a test: it measures and reports, it asserts nothing about speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import datetime as dt
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+import httpx
+from confluent_kafka import Producer
+
+from bench.foundation import (
+    BATCH,
+    CpuMeter,
+    RawResult,
+    Service,
+    ViewTracker,
+    bench_raw,
+    percentile,
+    publish_all,
+    say,
+    section_body,
+    service_env,
+    spawn,
+    submit_command,
+    wait_for_api,
+)
+from services.common.broker import BrokerHandle, free_port, start_broker, stop_process
+from services.common.clock import SystemClock
+from services.common.contracts import ClaimRun, RenewLease
+from services.common.eventlog import MemoryEventLog
+from services.common.ids import command_id_for
+from services.common.kafka import InboundRecord, OutboundRecord, TopicFollower
+from services.common.messages import MessageCodec
+from services.common.settings import repo_root
+from services.common.store import RocksStore
+from services.common.topics import RUNS_COMMANDS, RUNS_EVENTS
+from services.lease_coordinator.domain import attempt_id_for
+from services.lease_coordinator.processor import RunCommandProcessor
+from services.projections.service import views_path
+
+__all__ = ["main"]
+
+TENANT = "bench"
+LEASE_SECONDS = 90  # renewal runs: long enough that no lease of a step goes at risk (45 s) or expires
+EXPIRY_LEASE_SECONDS = 2
+DECISION_TIMEOUT_S = 10
+HTTP_TIMEOUT_S = 15.0  # above the decision timeout, so a slow decision shows up as a 202, not a timeout
+IDLE_S = 5.0
+LATE_MS = 100.0  # a heartbeat sent this much after its slot means the runner fell behind its schedule
+LEASE_EXPIRED = b"tenure.runs.events.LeaseExpired"
+LOGIC_ROUNDS = 10
+T = TypeVar("T")
+
+
+# --- where the CPU went: the whole machine, and the services' threads ---------------------------
+
+MACHINE = "all processes"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_seconds() -> float:
+    """Busy CPU-seconds of the whole machine so far (/proc/stat), whoever used them."""
+    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle + iowait
+    # user..softirq; not steal (the hypervisor's), not guest (already counted in user)
+    return (sum(ticks[:7]) - idle) / CLOCK_TICKS
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU-seconds of a process's threads by kind: its main thread (the event loop in every
+    service here), librdkafka's threads (named rdk:*), and the other (Python) threads."""
+    groups = {"main": 0.0, "librdkafka": 0.0, "other": 0.0}
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return groups
+    for task in tasks:
+        try:
+            raw = (task / "stat").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        comm, fields = raw[raw.index("(") + 1 : raw.rindex(")")], raw.rsplit(")", 1)[1].split()
+        kind = "main" if task.name == str(pid) else "librdkafka" if comm.startswith("rdk:") else "other"
+        groups[kind] += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return groups
+
+
+@dataclass
+class ThreadMeter:
+    pids: dict[str, int]
+    phases: list[tuple[str, float, dict[str, dict[str, float]]]] = field(default_factory=list)
+
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        return {name: thread_cpu(pid) for name, pid in self.pids.items()}
+
+    def measure(self, phase: str, before: dict[str, dict[str, float]], wall_s: float) -> None:
+        after = self.snapshot()
+        self.phases.append(
+            (phase, wall_s, {n: {k: after[n][k] - before[n][k] for k in after[n]} for n in after})
+        )
+
+
+@dataclass
+class MachineCpuMeter(CpuMeter):
+    """bench.foundation's per-process meter plus the machine's total, so other load shows, and
+    the services' threads for the renewal windows."""
+
+    threads: ThreadMeter = field(default_factory=lambda: ThreadMeter({}))
+
+    def snapshot(self) -> dict[str, float]:
+        return {**super().snapshot(), MACHINE: machine_busy_seconds()}
+
+
+# --- HTTP helpers -----------------------------------------------------------------------------
+
+
+@dataclass
+class Calls:
+    """Answers of a batch of HTTP calls: count per status (and problem type), latency of successes."""
+
+    answers: Counter[str] = field(default_factory=Counter)
+    ok_ms: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def count(self) -> int:
+        return sum(self.answers.values())
+
+
+def answer_key(status: int, raw: bytes) -> str:
+    """'200', or the status with the problem type's slug: '409 stale-epoch'."""
+    if 200 <= status < 300:
+        return str(status)
+    body = parse(raw)
+    problem = body.get("type", "") if isinstance(body, dict) else ""
+    return f"{status} {problem.rsplit('/', 1)[-1]}".strip()
+
+
+class TransportError(Exception):
+    """No HTTP answer: connection failure or the client's timeout."""
+
+
+Headers = dict[str, str] | None
+
+
+class Pool:
+    """One simulated runner's HTTP connection pool: (status, body) per call, else TransportError."""
+
+    async def call(
+        self, method: str, path: str, body: Any = None, headers: Headers = None
+    ) -> tuple[int, bytes]:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+
+class AiohttpPool(Pool):
+    def __init__(self, base_url: str, connections: int) -> None:
+        connector, timeout = aiohttp.TCPConnector(limit=connections), aiohttp.ClientTimeout(HTTP_TIMEOUT_S)
+        self._session = aiohttp.ClientSession(base_url, connector=connector, timeout=timeout)
+
+    async def call(
+        self, method: str, path: str, body: Any = None, headers: Headers = None
+    ) -> tuple[int, bytes]:
+        try:
+            async with self._session.request(method, path, json=body, headers=headers) as response:
+                return response.status, await response.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise TransportError(type(exc).__name__) from exc
+
+    async def close(self) -> None:
+        await self._session.close()
+
+
+class HttpxPool(Pool):
+    def __init__(self, base_url: str, connections: int) -> None:
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+        self._client = httpx.AsyncClient(base_url=base_url, timeout=HTTP_TIMEOUT_S, limits=limits)
+
+    async def call(
+        self, method: str, path: str, body: Any = None, headers: Headers = None
+    ) -> tuple[int, bytes]:
+        try:
+            response = await self._client.request(method, path, json=body, headers=headers)
+        except httpx.HTTPError as exc:
+            raise TransportError(type(exc).__name__) from exc
+        return response.status_code, response.content
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+def parse(raw: bytes) -> Any:
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return None
+
+
+CLIENTS: dict[str, Callable[[str, int], Pool]] = {"aiohttp": AiohttpPool, "httpx": HttpxPool}
+
+
+@asynccontextmanager
+async def open_pool(client: str, base_url: str, connections: int) -> AsyncIterator[Pool]:
+    pool = CLIENTS[client](base_url, connections)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+async def fan_out(items: Iterable[T], concurrency: int, work: Callable[[T], Awaitable[None]]) -> float:
+    """`work` on every item, `concurrency` at a time; the seconds it took."""
+    pending = iter(items)
+
+    async def worker() -> None:
+        for item in pending:  # one shared iterator: each item goes to exactly one worker
+            await work(item)
+
+    started = time.monotonic()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return time.monotonic() - started
+
+
+def end_offsets(bootstrap: str) -> dict[int, int]:
+    probe = TopicFollower(bootstrap, [RUNS_EVENTS.name], "end", client_id="tenure-bench-probe")
+    try:
+        return probe.end_offsets(RUNS_EVENTS.name)
+    finally:
+        probe.close()
+
+
+@dataclass
+class Held:
+    """A lease the bench holds: what a runner needs to heartbeat it."""
+
+    run_id: str
+    attempt_id: str
+    epoch: int
+    sequence: int = 0
+
+
+async def claim_all(
+    http: Pool, run_ids: list[str], runner: str, lease_s: int, heartbeat_s: int | None, concurrency: int
+) -> tuple[list[Held], Calls]:
+    held: list[Held] = []
+    calls = Calls()
+    body: dict[str, Any] = {"runnerId": runner, "leaseSeconds": lease_s, "heartbeatSeconds": heartbeat_s}
+
+    async def claim(run_id: str) -> None:
+        began = time.perf_counter()
+        try:
+            status, grant = await http.call(
+                "POST", f"/runs/{run_id}/attempts", body, {"Idempotency-Key": f"claim-{run_id}"}
+            )
+        except TransportError as exc:
+            calls.answers[f"0 {exc}"] += 1
+            return
+        calls.answers[answer_key(status, grant)] += 1
+        if status == 201:
+            calls.ok_ms.append((time.perf_counter() - began) * 1000)
+            granted = parse(grant)
+            held.append(Held(run_id, granted["attemptId"], granted["epoch"]))
+
+    calls.seconds = await fan_out(run_ids, concurrency, claim)
+    return held, calls
+
+
+async def release_all(http: Pool, held: list[Held], concurrency: int) -> Calls:
+    """Report every attempt succeeded: its lease ends, so no timer of it fires in a later step."""
+    calls = Calls()
+
+    async def release(lease: Held) -> None:
+        lease.sequence += 1
+        body = {"leaseEpoch": lease.epoch, "sequence": lease.sequence, "outcome": "succeeded"}
+        began = time.perf_counter()
+        try:
+            status, answer = await http.call("POST", f"/attempts/{lease.attempt_id}/report", body)
+        except TransportError as exc:
+            calls.answers[f"0 {exc}"] += 1
+            return
+        calls.answers[answer_key(status, answer)] += 1
+        if status == 200:
+            calls.ok_ms.append((time.perf_counter() - began) * 1000)
+
+    calls.seconds = await fan_out(held, concurrency, release)
+    return calls
+
+
+async def decision_wait(http: Pool, command: str) -> tuple[float, int]:
+    """(sum of seconds, count) of the API's tenure_api_decision_seconds for one command type."""
+    text = (await http.call("GET", "/metrics"))[1].decode()
+    values = []
+    for suffix in ("sum", "count"):
+        match = re.search(rf'^tenure_api_decision_seconds_{suffix}{{command="{command}"}} (\S+)$', text, re.M)
+        values.append(float(match.group(1)) if match else 0.0)
+    return values[0], int(values[1])
+
+
+# --- following runs.events: expiry stamps and commit markers ----------------------------------
+
+
+class EventWatch:
+    """Follows runs.events (read_committed) in a thread: when each LeaseExpired became readable,
+    and the offsets of every event, so the commit markers of a time window can be counted."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self._follower = TopicFollower(bootstrap, [RUNS_EVENTS.name], "end", client_id="tenure-bench-watch")
+        self.expired_seen_ms: dict[str, int] = {}
+        self._offsets: dict[int, list[int]] = {}
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="event-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                for r in self._follower.poll(max_records=5000, timeout_s=0.05):
+                    self._offsets.setdefault(r.partition, []).append(r.offset)
+                    if next((v for k, v in r.headers if k == "tenure-schema"), b"") == LEASE_EXPIRED:
+                        run_id = r.key.decode() if r.key else ""
+                        self.expired_seen_ms.setdefault(run_id, time.time_ns() // 1_000_000)
+        except BaseException as exc:  # reported by check(): a dead watcher would make figures wrong
+            self._error = exc
+
+    def check(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"runs.events watcher failed: {self._error!r}") from self._error
+
+    def markers(self, start: dict[int, int], end: dict[int, int]) -> tuple[int, int]:
+        """(events, non-event offsets) between two end-offset snapshots: the latter are the
+        transaction markers, one per partition a transaction wrote to."""
+        time.sleep(0.5)  # let the watcher read up to `end`; the range is fixed, later records don't count
+        self.check()
+        events = 0
+        for partition, stop in end.items():
+            seen = self._offsets.get(partition, [])
+            events += bisect.bisect_left(seen, stop) - bisect.bisect_left(seen, start.get(partition, 0))
+        return events, sum(end.values()) - sum(start.values()) - events
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10.0)
+        self._follower.close()
+
+
+# --- expiry detection -------------------------------------------------------------------------
+
+
+@dataclass
+class ExpiryResult:
+    label: str
+    claims: Calls
+    decided_lag_ms: list[float]  # view lease.endedAt - lease.expiresAt, coordinator clock
+    readable_lag_ms: list[float]  # LeaseExpired readable on runs.events - expiresAt, host clock
+    missing: int  # claimed runs whose view never showed the lease expired
+
+
+async def expiry_probe(
+    http: Pool, run_ids: list[str], watch: EventWatch, label: str, concurrency: int
+) -> ExpiryResult:
+    held, claims = await claim_all(
+        http, run_ids, f"bench-expiry-{label}", EXPIRY_LEASE_SECONDS, None, concurrency
+    )
+    ids = [h.run_id for h in held]
+    deadline = time.monotonic() + EXPIRY_LEASE_SECONDS + 30
+    while time.monotonic() < deadline and any(r not in watch.expired_seen_ms for r in ids):
+        watch.check()
+        await asyncio.sleep(0.2)
+    leases: dict[str, dict[str, Any]] = {}
+
+    async def read(run_id: str) -> None:
+        until = time.monotonic() + 10  # the projector may be a moment behind the event
+        while time.monotonic() < until:
+            try:
+                view = parse((await http.call("GET", f"/runs/{run_id}"))[1])
+            except TransportError:
+                view = None
+            lease = (view.get("lease") if isinstance(view, dict) else None) or {}
+            if lease.get("certainty") == "expired" and lease.get("endedAt") is not None:
+                leases[run_id] = lease
+                return
+            await asyncio.sleep(0.2)
+
+    await fan_out(ids, concurrency, read)
+    decided = [float(v["endedAt"] - v["expiresAt"]) for v in leases.values()]
+    readable = [
+        float(watch.expired_seen_ms[r] - v["expiresAt"])
+        for r, v in leases.items()
+        if r in watch.expired_seen_ms
+    ]
+    return ExpiryResult(label, claims, decided, readable, len(ids) - len(leases))
+
+
+# --- the processor's own ceiling -------------------------------------------------------------
+
+
+@dataclass
+class LogicResult:
+    renewals: int
+    seconds: float
+    tick_ms: list[tuple[int, float]]  # (renewals handled so far, ms of one tick with no timer due)
+
+
+def bench_logic(runs: int, workdir: Path) -> LogicResult:
+    """RenewLease through RunCommandProcessor.handle with Kafka replaced by memory (RocksDB real):
+    `runs` runs submitted and claimed, then LOGIC_ROUNDS heartbeats each; after every round one
+    timer tick with nothing due, because every renewal moves the run's timer key."""
+    codec, clock, partitions = MessageCodec(), SystemClock(), RUNS_COMMANDS.partitions
+    offsets = [0] * partitions
+    store = RocksStore(workdir / "logic" / "runs")
+    processor = RunCommandProcessor(MemoryEventLog(partitions), store, codec, clock)
+
+    def handle(records: list[OutboundRecord]) -> float:
+        inbound = []
+        for i, record in enumerate(records):
+            p = i % partitions  # a run keeps its partition: records come in the same run order
+            inbound.append(
+                InboundRecord(RUNS_COMMANDS.name, p, offsets[p], record.key, record.value, record.headers)
+            )
+            offsets[p] += 1
+        started = time.perf_counter()
+        for i in range(0, len(inbound), BATCH):
+            processor.handle(inbound[i : i + BATCH])
+        return time.perf_counter() - started
+
+    def claim(run_id: str) -> OutboundRecord:
+        return codec.outbound(
+            RUNS_COMMANDS.name,
+            run_id,
+            ClaimRun(
+                command_id=command_id_for(run_id, "ClaimRun", "logic"),
+                run_id=run_id,
+                issued_at=clock.now_ms(),
+                correlation_id=run_id,
+                actor="bench",
+                runner_id="bench-logic",
+                lease_seconds=LEASE_SECONDS,
+            ),
+        )
+
+    def renew(run_id: str, sequence: int) -> OutboundRecord:
+        return codec.outbound(
+            RUNS_COMMANDS.name,
+            run_id,
+            RenewLease(
+                command_id=f"cmd_logic_{sequence}_{run_id}",
+                run_id=run_id,
+                issued_at=clock.now_ms(),
+                correlation_id=run_id,
+                actor="bench",
+                attempt_id=attempt_id_for(run_id, 1),
+                lease_epoch=1,
+                sequence=sequence,
+            ),
+        )
+
+    submitted = [submit_command(codec, TENANT, f"logic-{i:07d}") for i in range(runs)]
+    run_ids = [r for r, _ in submitted]
+    handle([r for _, r in submitted])
+    handle([claim(r) for r in run_ids])
+    seconds, tick_ms = 0.0, []
+    for sequence in range(1, LOGIC_ROUNDS + 1):
+        seconds += handle([renew(r, sequence) for r in run_ids])
+        started = time.perf_counter()
+        if processor.tick():
+            raise RuntimeError("a timer fired in the logic phase; the figures would not be renewals")
+        tick_ms.append((sequence * runs, (time.perf_counter() - started) * 1000))
+    store.close()
+    return LogicResult(runs * LOGIC_ROUNDS, seconds, tick_ms)
+
+
+# --- sustained renewals -----------------------------------------------------------------------
+
+
+@dataclass
+class StepResult:
+    heartbeat_s: int
+    runs: int
+    runners: int
+    duration_s: float
+    claims: Calls
+    scheduled: int = 0  # heartbeat slots in the window (R/H per second)
+    heartbeats: Calls = field(default_factory=Calls)
+    from_slot_ms: list[float] = field(default_factory=list)  # slot -> 200: includes falling behind
+    late_ms: list[float] = field(default_factory=list)  # send time - slot, every heartbeat
+    # Split of each acknowledged heartbeat at `serverTime` (the coordinator's clock when it decided;
+    # same host, so comparable with the bench's wall clock): before and after the decision.
+    to_decision_ms: list[float] = field(default_factory=list)
+    after_decision_ms: list[float] = field(default_factory=list)
+    decision_ms: float = float("nan")  # mean publish -> decision inside the API (its /metrics)
+    events: int = 0
+    markers: int = 0
+    expiry: ExpiryResult | None = None
+    release: Calls | None = None
+
+    @property
+    def offered(self) -> float:
+        return self.runs / self.heartbeat_s
+
+    @property
+    def acked(self) -> int:
+        return self.heartbeats.answers.get("200", 0)
+
+    @property
+    def achieved(self) -> float:
+        return self.acked / self.heartbeats.seconds if self.heartbeats.seconds else 0.0
+
+
+async def heartbeat_window(
+    client: str, base_url: str, held: list[Held], step: StepResult, runners: int
+) -> None:
+    """Every run heartbeats at its slots t0 + H*i/R + k*H until t0 + D, one coroutine per run.
+
+    A run never has two heartbeats in flight (a runner waits for its answer, as a real one
+    would, so sequences stay in order): when answers take longer than H the next heartbeat goes
+    late, the offered rate is not reached, and `late_ms` and `from_slot_ms` show it.
+    """
+    # Connections per runner: enough for its share of the runs at once, so the pool never
+    # queues requests the server could have taken.
+    clients = [CLIENTS[client](base_url, max(8, len(held) // runners + 1)) for _ in range(runners)]
+    loop = asyncio.get_running_loop()
+    interval, t0 = float(step.heartbeat_s), loop.time() + 0.5
+    end = t0 + step.duration_s
+    last_answer = [t0]
+
+    async def run(i: int, lease: Held) -> None:
+        http, slot = clients[i % runners], t0 + interval * i / len(held)
+        due = slot
+        while due < end:  # count the window's slots with the same float steps as the loop below
+            step.scheduled, due = step.scheduled + 1, due + interval
+        while slot < end:
+            if (delay := slot - loop.time()) > 0:
+                await asyncio.sleep(delay)
+            sent, sent_wall_ms = loop.time(), time.time() * 1000
+            step.late_ms.append((sent - slot) * 1000)
+            lease.sequence += 1
+            body = {"leaseEpoch": lease.epoch, "sequence": lease.sequence}
+            try:
+                status, answer = await http.call("POST", f"/attempts/{lease.attempt_id}/heartbeat", body)
+                key = answer_key(status, answer)
+            except TransportError as exc:
+                key, answer = f"0 {exc}", b""
+            done, done_wall_ms = loop.time(), time.time() * 1000
+            last_answer[0] = max(last_answer[0], done)
+            step.heartbeats.answers[key] += 1
+            if key == "200":
+                step.heartbeats.ok_ms.append((done - sent) * 1000)
+                step.from_slot_ms.append((done - slot) * 1000)
+                decided_ms = (parse(answer) or {}).get("serverTime")
+                if isinstance(decided_ms, int):
+                    step.to_decision_ms.append(decided_ms - sent_wall_ms)
+                    step.after_decision_ms.append(done_wall_ms - decided_ms)
+            slot += interval
+            # A whole interval behind: that slot is skipped rather than queued, so a run never
+            # catches up in a burst and the window ends on time; skipped slots show as Slots - Sent.
+            while slot < loop.time() - interval:
+                slot += interval
+
+    try:
+        await asyncio.gather(*(run(i, lease) for i, lease in enumerate(held)))
+    finally:
+        await asyncio.gather(*(c.close() for c in clients))
+    step.heartbeats.seconds = last_answer[0] - t0
+
+
+async def renewal_step(
+    base_url: str,
+    run_ids: list[str],
+    expiry_ids: list[str],
+    heartbeat_s: int,
+    args: argparse.Namespace,
+    watch: EventWatch,
+    bootstrap: str,
+    cpu: MachineCpuMeter,
+    release: bool,
+) -> StepResult:
+    label = f"H={heartbeat_s}s"
+    async with open_pool(args.client, base_url, args.concurrency) as http:
+        say(f"(r) {label}: claiming {len(run_ids)} runs, {args.concurrency} at a time")
+        before, t0 = cpu.snapshot(), time.monotonic()
+        held, claims = await claim_all(
+            http, run_ids, "bench-runner", LEASE_SECONDS, heartbeat_s, args.concurrency
+        )
+        cpu.measure(f"(r) {label}: claim {len(run_ids)}", before, time.monotonic() - t0)
+        step = StepResult(heartbeat_s, len(held), args.runners, args.duration, claims)
+        if not held:
+            raise RuntimeError(f"{label}: no claim succeeded: {dict(claims.answers)}")
+
+        say(
+            f"(r) {label}: {args.runners} runners heartbeat {len(held)} runs for {args.duration:g}s "
+            f"({step.offered:,.0f}/s offered)"
+            + (f"; {len(expiry_ids)} 2 s leases claimed at {args.duration / 3:.0f}s" if expiry_ids else "")
+        )
+        metrics_before, ends_before = await decision_wait(http, "RenewLease"), end_offsets(bootstrap)
+
+        async def expiry_under_load() -> ExpiryResult | None:
+            if not expiry_ids:
+                return None
+            await asyncio.sleep(0.5 + args.duration / 3)
+            return await expiry_probe(http, expiry_ids, watch, label, min(args.concurrency, 16))
+
+        before, threads_before, t0 = cpu.snapshot(), cpu.threads.snapshot(), time.monotonic()
+        expiry_task = asyncio.create_task(expiry_under_load())
+        await heartbeat_window(args.client, base_url, held, step, args.runners)
+        cpu.measure(f"(r) {label}: renewals", before, time.monotonic() - t0)
+        cpu.threads.measure(f"(r) {label}: renewals", threads_before, time.monotonic() - t0)
+        step.expiry = await expiry_task
+        metrics_after, ends_after = await decision_wait(http, "RenewLease"), end_offsets(bootstrap)
+        if (count := metrics_after[1] - metrics_before[1]) > 0:
+            step.decision_ms = (metrics_after[0] - metrics_before[0]) / count * 1000
+        step.events, step.markers = watch.markers(ends_before, ends_after)
+
+        if release:
+            say(f"(r) {label}: reporting {len(held)} attempts succeeded")
+            before, t0 = cpu.snapshot(), time.monotonic()
+            step.release = await release_all(http, held, args.concurrency)
+            cpu.measure(f"(r) {label}: release {len(held)}", before, time.monotonic() - t0)
+    return step
+
+
+# --- report -----------------------------------------------------------------------------------
+
+
+def _ms(v: float) -> str:
+    return "-" if v != v else f"{v:,.0f}" if abs(v) >= 100 else f"{v:.1f}"
+
+
+def _lat(values: list[float]) -> str:
+    return f"{_ms(percentile(values, 50))} / {_ms(percentile(values, 99))} ms"
+
+
+def _three(v: list[float]) -> str:
+    return f"{_ms(percentile(v, 50))} / {_ms(percentile(v, 99))} / {_ms(max(v, default=float('nan')))}"
+
+
+def _answers(calls: Calls) -> str:
+    return ", ".join(f"{n:,} x {k}" for k, n in sorted(calls.answers.items())) or "none"
+
+
+def render(
+    raw: RawResult,
+    logic: LogicResult,
+    idle: ExpiryResult | None,
+    steps: list[StepResult],
+    cpu: MachineCpuMeter,
+    submitted: int,
+    submit_s: float,
+) -> str:
+    produce_rate = raw.messages / raw.produce_s
+    lines = [
+        "| Phase | What | Count | Seconds | Rate | p50 / p99 | Tenure/raw |",
+        "|---|---|---:|---:|---:|---:|---:|",
+        f"| (a) raw | produce ~300 B records, acks=all, idempotent (best of 3) | {raw.messages:,} | "
+        f"{raw.produce_s:.2f} | {produce_rate:,.0f}/s | - | baseline |",
+        f"| (a) raw | consume them back, read_committed (best of 3) | {raw.messages:,} | "
+        f"{raw.consume_s:.2f} | {raw.messages / raw.consume_s:,.0f}/s | - | baseline |",
+        f"| (b) submit | SubmitRun produced to runs.commands until every view exists | {submitted:,} | "
+        f"{submit_s:.2f} | {submitted / submit_s:,.0f}/s | - | "
+        f"1/{produce_rate * submit_s / submitted:,.0f} |",
+        f"| (l) processor logic | RenewLease through RunCommandProcessor.handle, batches of {BATCH}, Kafka "
+        f"replaced by memory | {logic.renewals:,} | {logic.seconds:.2f} | "
+        f"{logic.renewals / logic.seconds:,.0f}/s | - | "
+        f"1/{produce_rate * logic.seconds / logic.renewals:,.0f} |",
+    ]
+    for s in steps:
+        c = s.claims
+        lines.append(
+            f"| (r) H={s.heartbeat_s}s | claim: POST /runs/{{id}}/attempts | {c.count:,} | "
+            f"{c.seconds:.2f} | {c.count / c.seconds:,.0f}/s | {_lat(c.ok_ms)} | - |"
+        )
+        lines.append(
+            f"| (r) H={s.heartbeat_s}s | **renewals: {s.runs:,} runs, {s.offered:,.0f}/s offered**, "
+            f"ack latency of 200s | {s.acked:,} | {s.heartbeats.seconds:.2f} | "
+            f"**{s.achieved:,.0f}/s** | **{_lat(s.heartbeats.ok_ms)}** | "
+            f"1/{produce_rate / max(s.achieved, 1e-9):,.0f} |"
+        )
+        if s.release is not None:
+            r = s.release
+            lines.append(
+                f"| (r) H={s.heartbeat_s}s | release: POST /attempts/{{id}}/report | {r.count:,} | "
+                f"{r.seconds:.2f} | {r.count / r.seconds:,.0f}/s | {_lat(r.ok_ms)} | - |"
+            )
+    ticks = ", ".join(f"{ms:.1f} ms after {n:,}" for n, ms in logic.tick_ms[::3])
+    lines += [
+        "",
+        f"(l) one timer tick with no timer due took {ticks} renewals (each renewal moves its run's timer "
+        "key in RocksDB; the tick scans the index from the start of each partition).",
+    ]
+    lines += [
+        "",
+        "Renewal steps in detail (ms; a slot is when the schedule wanted a heartbeat):",
+        "",
+        "| H | Offered | Slots / sent | Achieved | Ack p50 / p99 / max | Slot -> ack p99 "
+        "| Send -> decided p50 / p99 | Decided -> ack p50 / p99 | API publish -> decision (mean) "
+        f"| Sent >{LATE_MS:.0f} ms late | Events / markers | Answers |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for s in steps:
+        hb = s.heartbeats
+        late = sum(1 for v in s.late_ms if v > LATE_MS)
+        lines.append(
+            f"| {s.heartbeat_s} s | {s.offered:,.0f}/s | {s.scheduled:,} / {hb.count:,} | "
+            f"{s.achieved:,.0f}/s | {_three(hb.ok_ms)} | {_ms(percentile(s.from_slot_ms, 99))} | "
+            f"{_lat(s.to_decision_ms)[:-3]} | {_lat(s.after_decision_ms)[:-3]} | {_ms(s.decision_ms)} | "
+            f"{late:,} ({late / max(hb.count, 1):.0%}) | {s.events:,} / {s.markers:,} | {_answers(hb)} |"
+        )
+    probes = [p for p in [idle, *(s.expiry for s in steps)] if p is not None]
+    if probes:
+        lines += [
+            "",
+            f"Expiry detection ({EXPIRY_LEASE_SECONDS} s leases, never renewed; lag in ms after "
+            "`lease.expiresAt`):",
+            "",
+            "| When | Claimed | Decided lag (view `endedAt`) p50 / p99 / max | Readable on runs.events "
+            "p50 / p99 / max | Not seen expired | Claim answers |",
+            "|---|---:|---:|---:|---:|---|",
+        ]
+        for p in probes:
+            lines.append(
+                f"| {p.label} | {p.claims.answers.get('201', 0):,} | {_three(p.decided_lag_ms)} | "
+                f"{_three(p.readable_lag_ms)} | {p.missing} | {_answers(p.claims)} |"
+            )
+    names = [*cpu.pids, MACHINE, "others"]
+    lines += [
+        "",
+        "CPU-seconds per process in each phase (two cores give 2 CPU-seconds per wall second; "
+        f"'{MACHINE}' is the machine's busy time from /proc/stat, 'others' what the bench's processes "
+        "do not explain); for renewal windows also CPU-µs per acknowledged renewal:",
+        "",
+        "| Phase | Wall s | " + " | ".join(names) + " |",
+        "|---|---:|" + "---:|" * len(names),
+    ]
+    renewals = {f"(r) H={s.heartbeat_s}s: renewals": s.acked for s in steps}
+    for phase, wall, used in cpu.phases:
+        used = {**used, "others": used[MACHINE] - sum(v for n, v in used.items() if n != MACHINE)}
+        lines.append(
+            f"| {phase} | {wall:.1f} | "
+            + " | ".join(f"{used[n]:.1f}" if n in used else "-" for n in names)
+            + " |"
+        )
+        if renewals.get(phase):
+            per = {n: used[n] / renewals[phase] * 1e6 for n in used}
+            lines.append(
+                "| ... µs per renewal | | "
+                + " | ".join(f"{per[n]:,.0f}" if n in per else "-" for n in names)
+                + " |"
+            )
+    services = list(cpu.threads.pids)
+    lines += [
+        "",
+        "The services' threads in the renewal windows, CPU-seconds main (event loop) / "
+        "librdkafka / other Python threads:",
+        "",
+        "| Phase | Wall s | " + " | ".join(services) + " |",
+        "|---|---:|" + "---:|" * len(services),
+    ]
+    for phase, wall, groups in cpu.threads.phases:
+        cells = [" / ".join(f"{groups[n][k]:.1f}" for k in ("main", "librdkafka", "other")) for n in services]
+        lines.append(f"| {phase} | {wall:.1f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_section(output: Path, key: str, body: str) -> None:
+    """Replace this configuration's section between its markers, else add it after the anchor."""
+    begin, end = f"<!-- bench:leases {key} BEGIN -->", f"<!-- bench:leases {key} END -->"
+    section, anchor = f"{begin}\n{body}\n{end}", "<!-- bench:leases runs -->"
+    text = output.read_text() if output.exists() else "# Benchmarks\n"
+    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.DOTALL)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section, text)
+    elif anchor in text:
+        text = text.replace(anchor, f"{anchor}\n\n{section}", 1)
+    else:
+        text = text.rstrip("\n") + f"\n\n{section}\n"
+    output.write_text(text)
+
+
+# --- main -------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.leases",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--runs", type=int, default=2000, help="runs heartbeating in each step (R)")
+    parser.add_argument(
+        "--heartbeat-seconds",
+        default="8,4,2",
+        help="heartbeat interval H of each step, comma-separated whole seconds",
+    )
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds of heartbeats per step (D)")
+    parser.add_argument("--runners", type=int, default=20, help="simulated runners (one HTTP pool each)")
+    parser.add_argument(
+        "--expiry-runs",
+        type=int,
+        default=200,
+        help="2 s leases left to expire, idle and again in each step (K; 0: skip)",
+    )
+    parser.add_argument("--raw-n", type=int, default=20_000, help="records in the raw phase")
+    parser.add_argument(
+        "--client",
+        choices=sorted(CLIENTS),
+        default="aiohttp",
+        help="HTTP client of the simulated runners and claims (httpx costs the bench "
+        "~1-3 ms CPU per request, aiohttp ~0.15 ms: see docs/benchmarks.md)",
+    )
+    parser.add_argument("--concurrency", type=int, default=32, help="claims/reports in flight at once")
+    parser.add_argument(
+        "--output",
+        default="docs/benchmarks.md",
+        help="markdown file whose section for this configuration is replaced or added ('-' writes nothing)",
+    )
+    parser.add_argument("--keep-temp", action="store_true", help="keep the temp dir (service logs, stores)")
+    args = parser.parse_args(argv)
+    args.steps = [int(h) for h in args.heartbeat_seconds.split(",") if h.strip()]
+    if not args.steps or min(args.steps) < 1 or max(args.steps) * 2 > LEASE_SECONDS:
+        parser.error(f"--heartbeat-seconds: whole seconds from 1 to {LEASE_SECONDS // 2}")
+    return args
+
+
+def start_services(bootstrap: str, workdir: Path, tag: str) -> tuple[list[Service], int]:
+    """As bench.foundation's, plus the decision timeout the lease API is run with."""
+    port, views_dir, coordinator_dir = free_port(), workdir / "views", workdir / "coordinator"
+    api_env = service_env(
+        bootstrap, views_dir, TENURE_API_PORT=str(port), TENURE_DECISION_TIMEOUT_S=str(DECISION_TIMEOUT_S)
+    )
+    return [
+        spawn(
+            "lease_coordinator",
+            "services.lease_coordinator",
+            coordinator_dir,
+            service_env(bootstrap, coordinator_dir, TENURE_INSTANCE_ID=f"bench-{tag}"),
+        ),
+        spawn("projections", "services.projections", views_dir, service_env(bootstrap, views_dir)),
+        spawn("command_api", "services.command_api", workdir / "api", api_env),
+    ], port
+
+
+def submit_runs(
+    bootstrap: str, workdir: Path, run_count: int, tag: str, services: list[Service]
+) -> tuple[list[str], float]:
+    path, deadline = views_path(workdir / "views"), time.monotonic() + 60
+    while not (path / "CURRENT").exists():  # the projector creates the views store
+        services[1].check_alive()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the projector did not create {path} within 60s")
+        time.sleep(0.1)
+    tracker = ViewTracker(bootstrap, path, workdir / "tracker")
+    try:
+        codec = MessageCodec()
+        producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "client.id": "tenure-bench-commands",
+                "partitioner": "murmur2_random",
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 2,
+            }
+        )
+        warmup = [submit_command(codec, TENANT, f"{tag}-warmup")]
+        publish_all(producer, tracker, warmup)
+        tracker.wait([warmup[0][0]], 120.0, "(b) warm-up", services)
+        prepared = [submit_command(codec, TENANT, f"{tag}-lease-{i:07d}") for i in range(run_count)]
+        say(f"(b) producing {run_count} SubmitRun commands, waiting for their views")
+        started = time.monotonic()
+        publish_all(producer, tracker, prepared)
+        run_ids = [r for r, _ in prepared]
+        tracker.wait(run_ids, max(120.0, run_count / 50), "(b) submit", services)
+        return run_ids, time.monotonic() - started
+    finally:
+        tracker.close()
+
+
+async def lease_phases(
+    base_url: str,
+    run_ids: list[str],
+    args: argparse.Namespace,
+    watch: EventWatch,
+    bootstrap: str,
+    cpu: MachineCpuMeter,
+    services: list[Service],
+) -> tuple[ExpiryResult | None, list[StepResult]]:
+    k, idle = args.expiry_runs, None
+    if k:
+        say(f"(e) idle: {k} runs claimed with {EXPIRY_LEASE_SECONDS} s leases, left to expire")
+        async with open_pool(args.client, base_url, args.concurrency) as http:
+            before, t0 = cpu.snapshot(), time.monotonic()
+            idle = await expiry_probe(http, run_ids[:k], watch, "idle", min(args.concurrency, 16))
+            cpu.measure("(e) idle expiry: claim, wait, read", before, time.monotonic() - t0)
+    # What the services and the broker cost doing nothing: the floor under every per-renewal figure.
+    before, t0 = cpu.snapshot(), time.monotonic()
+    await asyncio.sleep(IDLE_S)
+    cpu.measure(f"(i) idle, services up, no requests ({IDLE_S:g} s)", before, time.monotonic() - t0)
+    steps, rest = [], run_ids[k:]
+    for i, heartbeat_s in enumerate(args.steps):
+        mine, rest = rest[: args.runs + k], rest[args.runs + k :]
+        steps.append(
+            await renewal_step(
+                base_url,
+                mine[: args.runs],
+                mine[args.runs :],
+                heartbeat_s,
+                args,
+                watch,
+                bootstrap,
+                cpu,
+                release=i < len(args.steps) - 1,
+            )
+        )
+        for service in services:
+            service.check_alive()
+    return idle, steps
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    load, started_at, tag = os.getloadavg(), dt.datetime.now(dt.UTC), uuid.uuid4().hex[:8]
+    workdir = Path(tempfile.mkdtemp(prefix="tenure-bench-leases-"))
+    broker: BrokerHandle | None = None
+    services: list[Service] = []
+    cpu = MachineCpuMeter({"bench client": os.getpid()})
+    ok = False
+    try:
+        broker = start_broker(port=None, data_dir=workdir / "kafka" / "data", state_dir=workdir / "kafka")
+        bootstrap = broker.bootstrap_servers
+        if broker.owned and broker.pid is not None:
+            cpu.pids = {"kafka broker": broker.pid, **cpu.pids}
+        else:
+            say(f"using KAFKA_BOOTSTRAP_SERVERS={bootstrap}: its CPU is not measured")
+        created = subprocess.run(
+            [sys.executable, "-m", "services.tenure_cli", "topics", "create"],
+            env=service_env(bootstrap, workdir),
+            capture_output=True,
+            text=True,
+        )
+        if created.returncode != 0:
+            raise RuntimeError(f"topics create failed: {created.stdout}{created.stderr}")
+
+        before, t0 = cpu.snapshot(), time.monotonic()
+        raw = bench_raw(bootstrap, args.raw_n, tag)
+        cpu.measure("(a) raw produce + consume", before, time.monotonic() - t0)
+        say(
+            f"(l) processor logic alone: {args.runs} runs x {LOGIC_ROUNDS} renewals, Kafka replaced by memory"
+        )
+        before, t0 = cpu.snapshot(), time.monotonic()
+        logic = bench_logic(args.runs, workdir)
+        cpu.measure("(l) processor logic, in the bench process", before, time.monotonic() - t0)
+
+        services, port = start_services(bootstrap, workdir, tag)
+        cpu.pids.update({s.name: s.process.pid for s in services})
+        cpu.threads.pids = {s.name: s.process.pid for s in services}
+        total = args.expiry_runs + len(args.steps) * (args.runs + args.expiry_runs)
+        before, t0 = cpu.snapshot(), time.monotonic()
+        run_ids, submit_s = submit_runs(bootstrap, workdir, total, tag, services)
+        cpu.measure(f"(b) submit {total} runs (+ warm-up)", before, time.monotonic() - t0)
+
+        base_url = f"http://127.0.0.1:{port}"
+        wait_for_api(base_url, services[2])
+        watch = EventWatch(bootstrap)
+        try:
+            idle, steps = asyncio.run(lease_phases(base_url, run_ids, args, watch, bootstrap, cpu, services))
+            watch.check()
+        finally:
+            watch.close()
+
+        tables = render(raw, logic, idle, steps, cpu, total, submit_s)
+        print(tables)
+        ok = True
+        key = (
+            f"runs={args.runs} heartbeat-seconds={','.join(map(str, args.steps))} "
+            f"duration={args.duration:g} runners={args.runners} expiry-runs={args.expiry_runs} "
+            f"client={args.client}"
+        )
+        if args.output != "-":
+            output = Path(args.output) if Path(args.output).is_absolute() else repo_root() / args.output
+            body = section_body(key, started_at, load, broker, tables)
+            write_section(output, key, body.replace("### Foundation run:", "#### Lease renewals run:", 1))
+            say(f"wrote section '{key}' to {output}")
+        return 0
+    finally:
+        for service in reversed(services):
+            outcome = stop_process(service.process.pid, 15.0, service.process)
+            say(f"stopped {service.name}: {outcome} (exit code {service.process.returncode})")
+        if broker is not None and broker.owned:
+            say(f"stopped broker: {broker.stop()}")
+        if ok and not args.keep_temp:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            say(f"temp dir kept: {workdir}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

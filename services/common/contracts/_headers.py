@@ -1,0 +1,39 @@
+"""The header fields every command and every event starts with, and the wire namespaces.
+
+Kept apart from the themed contract modules so each of them can build on the headers while
+runs.py, which holds the one wire mapping table, imports them all without an import cycle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["COMMANDS_NS", "EVENTS_NS", "REJECTIONS_NS", "CommandHeader", "EventHeader"]
+
+COMMANDS_NS = "tenure.runs.commands"
+EVENTS_NS = "tenure.runs.events"
+REJECTIONS_NS = "tenure.runs.rejections"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommandHeader:
+    """Fields every command carries first, in this order, as its schema lists them."""
+
+    command_id: str
+    run_id: str
+    issued_at: int
+    correlation_id: str
+    actor: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class EventHeader:
+    """Fields every event carries first, in this order, as its schema lists them."""
+
+    event_id: str
+    run_id: str
+    version: int
+    occurred_at: int
+    causation_id: str
+    correlation_id: str
+    actor: str
