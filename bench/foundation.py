@@ -45,6 +45,7 @@ from services.common.eventlog import KafkaEventLog, MemoryEventLog
 from services.common.ids import canonical_json, command_id_for, run_id_for
 from services.common.kafka import InboundRecord, OutboundRecord, TopicFollower, create_topics
 from services.common.messages import MessageCodec
+from services.common.routing import command_record
 from services.common.settings import repo_root
 from services.common.store import RocksStore
 from services.common.topics import RUNS_COMMANDS, RUNS_EVENTS, TopicSpec
@@ -63,8 +64,8 @@ RUN_SUBMITTED = b"tenure.runs.events.RunSubmitted"
 # How often the tracker asks the views' secondary RocksDB to catch up: the API's poll interval.
 VIEW_POLL_S = 0.01
 PROBE_JITTER_S = 0.25  # longer than any poll timeout in the services, so probes arrive at random phases
-# (topic, key, value, headers) as confluent-kafka's produce() takes them.
-Wire = tuple[str, bytes, bytes, list[tuple[str, str | bytes | None]]]
+# (topic, key, value, headers, partition) as confluent-kafka's produce() takes them; -1 = by key.
+Wire = tuple[str, bytes, bytes, list[tuple[str, str | bytes | None]], int]
 SPEC = {"image": "ghcr.io/tenure/bench-agent:1", "entrypoint": ["python", "-m", "agent"]}
 
 
@@ -88,10 +89,12 @@ def send_all(producer: Producer, records: Iterable[Wire]) -> None:
         if err is not None:
             failures.append(str(err))
 
-    for topic, key, value, headers in records:
+    for topic, key, value, headers, partition in records:
         while True:
             try:
-                producer.produce(topic, value=value, key=key, headers=headers, on_delivery=on_delivery)
+                producer.produce(
+                    topic, value=value, key=key, headers=headers, partition=partition, on_delivery=on_delivery
+                )
                 break
             except BufferError:  # the local queue is full: let deliveries drain it
                 producer.poll(0.05)
@@ -215,7 +218,7 @@ def bench_raw(bootstrap: str, n: int, tag: str) -> RawResult:
 
     def produce(target: str, count: int) -> float:
         started = time.monotonic()
-        send_all(producer, [(target, f"run_{i:032d}".encode(), value, []) for i in range(count)])
+        send_all(producer, [(target, f"run_{i:032d}".encode(), value, [], -1) for i in range(count)])
         return time.monotonic() - started
 
     def consume(source: str, count: int) -> float:
@@ -271,7 +274,7 @@ def submit_command(codec: MessageCodec, tenant: str, key: str) -> tuple[str, Out
         execution_spec=canonical_json({**SPEC, "args": [key]}),
         timeout_seconds=600,
     )
-    return run_id, codec.outbound(RUNS_COMMANDS.name, run_id, command)
+    return run_id, command_record(codec, command)
 
 
 class ViewTracker:
@@ -404,7 +407,9 @@ def publish_all(producer: Producer, tracker: ViewTracker, prepared: list[tuple[s
     def stamped() -> Iterator[Wire]:
         for run_id, record in prepared:
             tracker.sent[run_id] = time.monotonic()
-            yield record.topic, record.key, record.value, list(record.headers)
+            yield record.topic, record.key, record.value, list(record.headers), (
+                -1 if record.partition is None else record.partition
+            )
 
     send_all(producer, stamped())
 

@@ -27,8 +27,8 @@ from services.common.decisions import Decided, DecisionListener, Rejected, publi
 from services.common.kafka import CommandPublisher
 from services.common.messages import MessageCodec
 from services.common.objectstore import FilesystemObjectStore, ObjectStore
+from services.common.routing import command_record
 from services.common.store import RocksStore
-from services.common.topics import RUNS_COMMANDS
 from services.projections.store import RunViewStore
 
 __all__ = [
@@ -170,7 +170,7 @@ class ApiContext:
         self, command: RunCommand, *, wait_for_view: bool = True
     ) -> Outcome | Rejected | PendingCommand:
         d = self.deps
-        record = d.codec.outbound(RUNS_COMMANDS.name, command.run_id, command)
+        record = command_record(d.codec, command)
         kind = type(command).__name__
         loop = asyncio.get_running_loop()
         started = loop.time()

@@ -156,6 +156,20 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
             "A cancel or a deadline stop was already requested; the runner must confirm it.",
         ),
         ProblemType(
+            "admission-queue-full",
+            "The tenant's queue is full",
+            429,
+            "The tenant already has as many queued runs as its limit allows (EXE-2); nothing "
+            "was recorded. Retry later or raise the limit.",
+        ),
+        ProblemType(
+            "admission-active-full",
+            "The tenant has no free active slot",
+            429,
+            "The tenant already runs as many runs as its limit allows (EXE-2); the run stays "
+            "queued. Claim again later.",
+        ),
+        ProblemType(
             "input-invalid",
             "The answer does not match the input schema",
             422,
@@ -203,6 +217,8 @@ REJECTION_PROBLEMS = {
     "RETRY_NEEDS_ACKNOWLEDGEMENT": "retry-needs-acknowledgement",
     "CANCEL_ALREADY_REQUESTED": "cancel-already-requested",
     "CAPABILITY_MISSING": "capability-missing",
+    "ADMISSION_QUEUE_FULL": "admission-queue-full",
+    "ADMISSION_ACTIVE_FULL": "admission-active-full",
     "INPUT_EXPIRED": "input-expired",
 }
 

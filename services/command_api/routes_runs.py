@@ -62,7 +62,10 @@ def runs_router(ctx: ApiContext) -> APIRouter:
             response.headers["Location"] = f"/runs/{run_id}"
             return existing
         command = SubmitRun(
-            command_id=command_id_for(run_id, "SubmitRun", idempotency_key),
+            # Unique per request: a refused submission (e.g. over the tenant's queue limit) leaves
+            # nothing behind and must be decided afresh when the caller retries with its key;
+            # duplicates of an accepted one are recognised by the run already existing.
+            command_id=command_id_for(run_id, "SubmitRun", f"{idempotency_key}/{uuid.uuid4().hex}"),
             run_id=run_id,
             issued_at=ctx.deps.clock.now_ms(),
             correlation_id=request.headers.get("x-correlation-id") or run_id,

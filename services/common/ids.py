@@ -17,6 +17,7 @@ __all__ = [
     "derived_id",
     "run_id_for",
     "sha256_digest",
+    "tenant_shard",
 ]
 
 
@@ -40,9 +41,18 @@ def derived_id(prefix: str, *cause: str) -> str:
     return f"{prefix}_{_short_hash(prefix, *cause)}"
 
 
+def tenant_shard(tenant: str) -> str:
+    """Two hex digits fixed by the tenant: every run of a tenant carries the same shard."""
+    return hashlib.sha256(tenant.encode("utf-8")).hexdigest()[:2]
+
+
 def run_id_for(tenant: str, idempotency_key: str) -> str:
-    """The run id of a submission: the same tenant and Idempotency-Key always name the same run."""
-    return derived_id("run", tenant, idempotency_key)
+    """The run id of a submission: the same tenant and Idempotency-Key always name the same run.
+
+    The id starts with the tenant's shard, so all runs of a tenant live in one partition and the
+    processor that owns it can keep the tenant's admission counters alone (EXE-2).
+    """
+    return f"run_{tenant_shard(tenant)}{_short_hash('run', tenant, idempotency_key)[:30]}"
 
 
 def command_id_for(run_id: str, command_type: str, idempotency_key: str) -> str:

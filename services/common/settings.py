@@ -39,7 +39,24 @@ class TenureSettings(BaseSettings):
     auto_retry: bool = Field(
         default=True, description="Organisation policy: automatic retries allowed (EXE-5)."
     )
+    max_queued_per_tenant: int = Field(
+        default=0, ge=0, description="EXE-2 queue places per tenant; 0 = no limit."
+    )
+    max_active_per_tenant: int = Field(
+        default=0, ge=0, description="EXE-2 active slots per tenant; 0 = no limit."
+    )
+    tenant_limits: str = Field(default="", description='Per-tenant overrides, "acme=10:2,beta=100:20".')
     framework_log_level: str = Field(default="WARNING", description="Log level of faust itself.")
+
+    def parsed_tenant_limits(self) -> dict[str, tuple[int, int]]:
+        limits: dict[str, tuple[int, int]] = {}
+        for item in filter(None, (p.strip() for p in self.tenant_limits.split(","))):
+            tenant, _, pair = item.partition("=")
+            queued, _, active = pair.partition(":")
+            if not tenant or not queued.isdigit() or not active.isdigit():
+                raise ValueError(f"TENURE_TENANT_LIMITS entry {item!r} is not tenant=queued:active")
+            limits[tenant] = (int(queued), int(active))
+        return limits
 
     def bootstrap_servers(self) -> str:
         if self.kafka_bootstrap_servers:

@@ -24,7 +24,8 @@ from services.common.decisions import Decided, DecisionListener, Rejected, publi
 from services.common.ids import derived_id
 from services.common.kafka import CommandPublisher, TopicFollower
 from services.common.messages import MessageCodec, UndecodableRecord
-from services.common.topics import RUNS_COMMANDS, RUNS_EVENTS
+from services.common.routing import command_record
+from services.common.topics import RUNS_EVENTS
 from services.effect_gateway.fencing import FencingView, fold_fencing
 from services.effect_gateway.tools import ToolAnswer, ToolRegistry, ToolUnreachable
 
@@ -246,7 +247,7 @@ class Gateway:
             log.warning("outcome %s of %s not confirmed: %s", outcome, effect_id, decision)
 
     async def _send(self, command: RecordEffectIntent | RecordEffectOutcome) -> Any:
-        record = self._codec.outbound(RUNS_COMMANDS.name, command.run_id, command)
+        record = command_record(self._codec, command)
         return await publish_and_await(
             self._publisher, self._decisions, record, command.command_id, self._timeout
         )

@@ -30,6 +30,9 @@ def main() -> None:
         at_risk_fraction=settings.lease_at_risk_fraction,
         stop_grace_ms=int(settings.stop_grace_seconds * 1000),
         auto_retry=settings.auto_retry,
+        max_queued_per_tenant=settings.max_queued_per_tenant,
+        max_active_per_tenant=settings.max_active_per_tenant,
+        tenant_limits=settings.parsed_tenant_limits(),
     )
     processor = RunCommandProcessor(event_log, store, MessageCodec(), SystemClock(), policy)
     stream = CommandStream(

@@ -26,23 +26,34 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from services.common.clock import Clock
-from services.common.contracts import COMMAND_TYPES, EVENT_TYPES, CommandRejected, RunCommand, RunEvent
+from services.common.contracts import (
+    COMMAND_TYPES,
+    EVENT_TYPES,
+    ClaimRun,
+    CommandRejected,
+    RunCommand,
+    RunEvent,
+    SubmitRun,
+)
 from services.common.eventlog import EventLog
 from services.common.kafka import InboundRecord, OutboundRecord
 from services.common.messages import MessageCodec, UndecodableRecord, deadletter_record
+from services.common.routing import partition_for_run
 from services.common.sequencing import Sequencing, sequence
 from services.common.store import KeyValueStore
-from services.common.topics import DEADLETTER, RUNS_EVENTS, RUNS_REJECTIONS
+from services.common.topics import DEADLETTER, RUNS_COMMANDS, RUNS_EVENTS, RUNS_REJECTIONS
 from services.lease_coordinator.domain import (
     DEFAULT_POLICY,
     LeasePolicy,
     Rejection,
     RunState,
+    TenantLoad,
     decide,
     decide_timers,
     evolve,
     next_timer_at,
     rejection_event,
+    reservations,
 )
 from services.lease_coordinator.state_codec import decode_state, encode_state
 
@@ -58,6 +69,8 @@ __all__ = [
 log = logging.getLogger("tenure.lease_coordinator")
 
 _RESTORE_FLUSH_EVERY = 1000
+# tenant/<tenant>/<partition> = "queued,active": the tenant's reservations held in that partition.
+_TENANT_PREFIX = "tenant/"
 
 
 def state_key(run_id: str) -> str:
@@ -95,15 +108,28 @@ class _Changes:
     after: dict[str, RunState] = field(default_factory=dict)
     rejected: set[str] = field(default_factory=set)
     checkpoints: dict[str, int] = field(default_factory=dict)
+    # (tenant, partition) -> [queued, active] change made by this batch (EXE-2 reservations)
+    load_delta: dict[tuple[str, int], list[int]] = field(default_factory=dict)
 
     def apply(self, partition: int, before: RunState | None, event: RunEvent) -> RunState:
         run_id = event.run_id
         if run_id not in self.before:
             self.before[run_id] = before
             self.partition_of[run_id] = partition
-        state = evolve(self.after.get(run_id, before), event)
+        previous = self.after.get(run_id, before)
+        state = evolve(previous, event)
         self.after[run_id] = state
+        old, new = reservations(previous), reservations(state)
+        if old != new:
+            delta = self.load_delta.setdefault((state.tenant, self.partition_of[run_id]), [0, 0])
+            delta[0] += new.queued - old.queued
+            delta[1] += new.active - old.active
         return state
+
+    def pending_load(self, tenant: str) -> TenantLoad:
+        queued = sum(d[0] for (t, _), d in self.load_delta.items() if t == tenant)
+        active = sum(d[1] for (t, _), d in self.load_delta.items() if t == tenant)
+        return TenantLoad(queued, active)
 
 
 class RunCommandProcessor:
@@ -123,6 +149,7 @@ class RunCommandProcessor:
         self._assigned: set[int] = set()
         self._restored: set[int] = set()
         self._lock = threading.Lock()
+        self.misrouted = 0
 
     # --- assignment and restore ---------------------------------------------------------------
 
@@ -228,7 +255,7 @@ class RunCommandProcessor:
                 outcome.duplicates += 1  # refused once, refused for good: the caller has its answer
                 continue
             state = changes.after.get(command.run_id) or self._load(command.run_id)
-            decision = decide(state, command, now, self._policy)
+            decision = decide(state, command, now, self._policy, self._tenant_load(command, state, changes))
             if isinstance(decision, Rejection):
                 refusal = rejection_event(state, command, decision, now)
                 out.append(
@@ -246,6 +273,24 @@ class RunCommandProcessor:
             outcome.events += len(decision)
         self._commit(out, changes)
         return outcome
+
+    def _tenant_load(
+        self, command: RunCommand, state: RunState | None, changes: _Changes
+    ) -> TenantLoad | None:
+        """The tenant's reservations, for the two commands that take one (EXE-2)."""
+        if isinstance(command, SubmitRun):
+            tenant = command.tenant
+        elif isinstance(command, ClaimRun) and state is not None:
+            tenant = state.tenant
+        else:
+            return None
+        stored = [0, 0]
+        for _, raw in self._store.scan(f"{_TENANT_PREFIX}{tenant}/"):
+            queued, active = (int(x) for x in raw.decode().split(","))
+            stored[0] += queued
+            stored[1] += active
+        pending = changes.pending_load(tenant)
+        return TenantLoad(stored[0] + pending.queued, stored[1] + pending.active)
 
     def _command_of(self, record: InboundRecord, out: list[OutboundRecord]) -> RunCommand | None:
         def dead(code: str, detail: str) -> None:
@@ -276,7 +321,26 @@ class RunCommandProcessor:
         if record.key is None or record.key.decode("utf-8", "replace") != message.run_id:
             dead("KEY_MISMATCH", f"record key {record.key!r} is not the runId {message.run_id!r}")
             return None
+        self._check_route(record, message.run_id)
         return message  # type: ignore[no-any-return]
+
+    def _check_route(self, record: InboundRecord, run_id: str) -> None:
+        # A run's commands must all reach the partition of its tenant shard (services.common.
+        # routing); otherwise two processors could own one tenant's load. Counted and logged
+        # rather than refused, so a misconfigured producer degrades admission, not the runs.
+        try:
+            expected = partition_for_run(run_id, RUNS_COMMANDS.partitions)
+        except ValueError:
+            expected = None
+        if expected != record.partition:
+            self.misrouted += 1
+            if self.misrouted in (1, 10, 100) or self.misrouted % 1000 == 0:
+                log.warning(
+                    "%d command(s) arrived on a partition their run does not route to (last: %s on %d)",
+                    self.misrouted,
+                    run_id,
+                    record.partition,
+                )
 
     # --- timers -------------------------------------------------------------------------------
 
@@ -338,6 +402,11 @@ class RunCommandProcessor:
                 deletes.append(timer_key(partition, old_due, run_id))
             if new_due is not None:
                 puts[timer_key(partition, new_due, run_id)] = b""
+        for (tenant, partition), (dq, da) in changes.load_delta.items():
+            key = f"{_TENANT_PREFIX}{tenant}/{partition}"
+            raw = self._store.get(key)
+            queued, active = (int(x) for x in raw.decode().split(",")) if raw else (0, 0)
+            puts[key] = f"{queued + dq},{active + da}".encode()
         puts.update({key: str(offset).encode() for key, offset in changes.checkpoints.items()})
         puts.update({rejected_key(command_id): b"1" for command_id in changes.rejected})
         if puts or deletes:

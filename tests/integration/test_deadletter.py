@@ -14,6 +14,7 @@ from services.common.contracts import to_record
 from services.common.kafka import CommandPublisher, InboundRecord, OutboundRecord
 from services.common.kafka._records import header_value
 from services.common.messages import MessageCodec
+from services.common.routing import command_record
 from services.common.store import RocksStore
 from services.common.topics import DEADLETTER, RUNS_COMMANDS, RUNS_EVENTS
 from services.projections.service import views_path
@@ -59,7 +60,7 @@ def test_undecodable_commands_and_events_are_dead_lettered_and_processing_goes_o
             (f"{tag}-event".encode(), b"not avro at all", RUNS_EVENTS.name),
         ):
             publisher.publish(OutboundRecord(topic, key, value, foreign)).result(30)
-        publisher.publish(codec.outbound(RUNS_COMMANDS.name, submit.run_id, submit)).result(30)
+        publisher.publish(command_record(codec, submit)).result(30)
 
         views = views_path(tmp_path / "state")
         wait_until(lambda: (views / "CURRENT").exists(), 30, "the projector's store")

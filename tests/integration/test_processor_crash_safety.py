@@ -20,6 +20,7 @@ from services.common.contracts import CommandRejected, RunEvent
 from services.common.kafka import CommandPublisher, OutboundRecord
 from services.common.kafka._records import header_value
 from services.common.messages import MessageCodec
+from services.common.routing import command_record
 from services.common.store import MemoryStore, RocksStore
 from services.common.topics import DEADLETTER, RUNS_COMMANDS, RUNS_EVENTS, RUNS_REJECTIONS
 from services.lease_coordinator.domain import fold
@@ -54,14 +55,14 @@ def _stream_commands(bootstrap: str, tag: str, done: threading.Event, sent: dict
         for i in range(SUBMITS):
             submit = submit_command("dur1", f"{tag}-{i}")
             sent["runs"].append(submit.run_id)
-            futures.append(publisher.publish(codec.outbound(RUNS_COMMANDS.name, submit.run_id, submit)))
+            futures.append(publisher.publish(command_record(codec, submit)))
             if rng.random() < 0.1:  # a client retry: same command again
-                futures.append(publisher.publish(codec.outbound(RUNS_COMMANDS.name, submit.run_id, submit)))
+                futures.append(publisher.publish(command_record(codec, submit)))
             if i >= 5 and rng.random() < 0.3:
                 target = sent["runs"][rng.randrange(0, i)]
                 cancel = cancel_command(target, f"{tag}-cancel-{i}")
                 sent["cancels"].append(cancel.command_id)
-                futures.append(publisher.publish(codec.outbound(RUNS_COMMANDS.name, target, cancel)))
+                futures.append(publisher.publish(command_record(codec, cancel)))
             if i == SUBMITS // 2:
                 garbage = OutboundRecord(RUNS_COMMANDS.name, key=tag.encode(), value=GARBAGE)
                 futures.append(publisher.publish(garbage))

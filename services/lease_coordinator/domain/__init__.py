@@ -25,7 +25,9 @@ from services.lease_coordinator.domain.state import (
     RunState,
     StopKind,
     StopRequest,
+    TenantLoad,
     attempt_id_for,
+    reservations,
     run_id_of_attempt,
 )
 
@@ -48,6 +50,7 @@ __all__ = [
     "RunStatus",
     "StopKind",
     "StopRequest",
+    "TenantLoad",
     "attempt_id_for",
     "check_transition",
     "decide",
@@ -57,6 +60,7 @@ __all__ = [
     "is_allowed",
     "next_timer_at",
     "rejection_event",
+    "reservations",
     "run_id_of_attempt",
     "run_id_of_grant",
 ]

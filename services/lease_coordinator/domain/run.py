@@ -61,6 +61,7 @@ from services.lease_coordinator.domain.state import (
     Rejection,
     RejectionCode,
     RunState,
+    TenantLoad,
 )
 from services.lease_coordinator.domain.stops import decide_cancel_held, decide_retry, evolve_stop
 
@@ -85,10 +86,18 @@ MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
 
 
 def decide(
-    state: RunState | None, command: RunCommand, now_ms: int, policy: LeasePolicy = DEFAULT_POLICY
+    state: RunState | None,
+    command: RunCommand,
+    now_ms: int,
+    policy: LeasePolicy = DEFAULT_POLICY,
+    load: TenantLoad | None = None,
 ) -> Decision:
+    """`load` is the tenant's current reservations (EXE-2), as the processor counts them."""
     if state is not None and command.command_id in state.handled_commands:
         return ()
+    refused = _admission(state, command, policy, load or TenantLoad())
+    if refused is not None:
+        return refused
     if isinstance(command, SubmitRun):
         return _decide_submit(state, command, now_ms)
     if state is None:
@@ -119,6 +128,28 @@ def decide(
     if isinstance(command, RecordEffectOutcome):
         return decide_effect_outcome(state, command, now_ms)
     raise TypeError(f"not a Run command: {command!r}")
+
+
+def _admission(
+    state: RunState | None, command: RunCommand, policy: LeasePolicy, load: TenantLoad
+) -> Rejection | None:
+    """EXE-2: a submission needs a queue place, a claim an active slot; over the limit, nothing
+    is recorded at all (the refusal changes no state)."""
+    if isinstance(command, SubmitRun) and state is None:
+        max_queued, _ = policy.limits_for(command.tenant)
+        if max_queued and load.queued >= max_queued:
+            return Rejection(
+                RejectionCode.ADMISSION_QUEUE_FULL,
+                f"tenant {command.tenant} already has {load.queued} queued runs (limit {max_queued})",
+            )
+    if isinstance(command, ClaimRun) and state is not None and state.status is RunStatus.QUEUED:
+        _, max_active = policy.limits_for(state.tenant)
+        if max_active and load.active >= max_active:
+            return Rejection(
+                RejectionCode.ADMISSION_ACTIVE_FULL,
+                f"tenant {state.tenant} already has {load.active} active runs (limit {max_active})",
+            )
+    return None
 
 
 def _submit_problem(command: SubmitRun) -> Rejection | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Union
+from typing import Mapping, Union
 
 from services.common.contracts import RunEvent
 from services.common.ids import derived_id
@@ -24,8 +24,10 @@ __all__ = [
     "RunState",
     "StopKind",
     "StopRequest",
+    "TenantLoad",
     "attempt_id_for",
     "lease_id_for",
+    "reservations",
     "run_id_of_attempt",
 ]
 
@@ -56,6 +58,8 @@ class RejectionCode(StrEnum):
     UNKNOWN_EFFECT = "UNKNOWN_EFFECT"
     RETRY_NEEDS_ACKNOWLEDGEMENT = "RETRY_NEEDS_ACKNOWLEDGEMENT"
     CAPABILITY_MISSING = "CAPABILITY_MISSING"
+    ADMISSION_QUEUE_FULL = "ADMISSION_QUEUE_FULL"
+    ADMISSION_ACTIVE_FULL = "ADMISSION_ACTIVE_FULL"
     INPUT_EXPIRED = "INPUT_EXPIRED"
     CANCEL_ALREADY_REQUESTED = "CANCEL_ALREADY_REQUESTED"
 
@@ -84,6 +88,11 @@ class LeasePolicy:
     stop_grace_ms: int = 30_000
     # The organisation's policy on automatic retries (EXE-5); runs must also be retry-safe.
     auto_retry: bool = True
+    # EXE-2 admission, per tenant: runs waiting in the queue, runs holding an active slot
+    # (0 = no limit); `tenant_limits` overrides both for named tenants.
+    max_queued_per_tenant: int = 0
+    max_active_per_tenant: int = 0
+    tenant_limits: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     # Upload grants (EXE-15): how large and how long-lived a grant may be.
     max_upload_bytes: int = 1 << 30
     upload_grant_ms: int = 15 * 60_000
@@ -94,8 +103,34 @@ class LeasePolicy:
         if not self.min_lease_ms <= self.default_lease_ms <= self.max_lease_ms:
             raise ValueError("the default lease must lie within the bounds")
 
+    def limits_for(self, tenant: str) -> tuple[int, int]:
+        """(max queued, max active) for a tenant; 0 means unlimited."""
+        return self.tenant_limits.get(tenant, (self.max_queued_per_tenant, self.max_active_per_tenant))
+
 
 DEFAULT_POLICY = LeasePolicy()
+
+
+@dataclass(frozen=True)
+class TenantLoad:
+    """A tenant's reservations right now: runs queued and runs holding an active slot (EXE-2)."""
+
+    queued: int = 0
+    active: int = 0
+
+
+# Which statuses hold which reservation: a queue place while queued, the active-execution slot
+# from claim to finalisation (EXE-2). Waiting for input or for a retry holds neither.
+ACTIVE_STATUSES = frozenset({RunStatus.PREPARING, RunStatus.RUNNING, RunStatus.CANCELLING})
+
+
+def reservations(state: RunState | None) -> TenantLoad:
+    if state is None:
+        return TenantLoad()
+    return TenantLoad(
+        queued=1 if state.status is RunStatus.QUEUED else 0,
+        active=1 if state.status in ACTIVE_STATUSES else 0,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
