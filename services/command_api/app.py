@@ -17,6 +17,7 @@ from fastapi import FastAPI
 
 from services.command_api.context import ApiContext, ApiDependencies, open_dependencies
 from services.command_api.problems import register_problem_handlers
+from services.command_api.routes_admin import admin_router
 from services.command_api.routes_leases import leases_router
 from services.command_api.routes_runs import runs_router
 from services.command_api.routes_work import work_router
@@ -46,4 +47,5 @@ def create_app(open_deps: Callable[[], ApiDependencies]) -> FastAPI:
     app.include_router(runs_router(ctx))
     app.include_router(leases_router(ctx))
     app.include_router(work_router(ctx))
+    app.include_router(admin_router(ctx))
     return app

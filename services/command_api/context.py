@@ -27,6 +27,7 @@ from services.common.decisions import Decided, DecisionListener, Rejected, publi
 from services.common.kafka import CommandPublisher
 from services.common.messages import MessageCodec
 from services.common.objectstore import FilesystemObjectStore, ObjectStore
+from services.common.policy import BlockList
 from services.common.routing import command_record
 from services.common.store import RocksStore
 from services.projections.store import RunViewStore
@@ -99,8 +100,10 @@ class ApiDependencies:
     api_keys: dict[str, Principal]
     decision_timeout_s: float
     objects: ObjectStore
+    blocks: BlockList
 
     def close(self) -> None:
+        self.blocks.close()
         self.decisions.close()
         self.publisher.close()
 
@@ -118,6 +121,7 @@ def open_dependencies(
         api_keys=load_api_keys(),
         decision_timeout_s=decision_timeout_s,
         objects=FilesystemObjectStore(artifacts_path),
+        blocks=BlockList(bootstrap_servers, client_id="tenure-api-policy"),
     )
 
 

@@ -193,6 +193,19 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
             "Waiting for input needs capability checkpoint-v1 declared at claim time.",
         ),
         ProblemType("input-expired", "The input request expired", 409, "The run failed with INPUT_EXPIRED."),
+        ProblemType(
+            "principal-blocked",
+            "The run's submitter is blocked",
+            409,
+            "Assignment re-checks the block policy (EXE-2): the run is not assigned while its "
+            "submitter is blocked.",
+        ),
+        ProblemType(
+            "tenant-blocked",
+            "The run's tenant is blocked",
+            409,
+            "Assignment re-checks the block policy (EXE-2): the tenant's runs wait.",
+        ),
     )
 }
 
@@ -218,6 +231,8 @@ REJECTION_PROBLEMS = {
     "CANCEL_ALREADY_REQUESTED": "cancel-already-requested",
     "CAPABILITY_MISSING": "capability-missing",
     "ADMISSION_QUEUE_FULL": "admission-queue-full",
+    "PRINCIPAL_BLOCKED": "principal-blocked",
+    "TENANT_BLOCKED": "tenant-blocked",
     "ADMISSION_ACTIVE_FULL": "admission-active-full",
     "INPUT_EXPIRED": "input-expired",
 }

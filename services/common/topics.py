@@ -13,6 +13,7 @@ from typing import Mapping
 
 __all__ = [
     "DEADLETTER",
+    "POLICY",
     "RUNS_COMMANDS",
     "RUNS_EVENTS",
     "RUNS_REJECTIONS",
@@ -62,4 +63,12 @@ DEADLETTER = TopicSpec(
     purpose="Undecodable records with the reason and source topic/partition/offset in headers.",
 )
 
-TOPICS: tuple[TopicSpec, ...] = (RUNS_COMMANDS, RUNS_EVENTS, RUNS_REJECTIONS, DEADLETTER)
+POLICY = TopicSpec(
+    name="tenure.policy",
+    partitions=1,
+    # The latest block per subject is all that matters: compacted, kept forever.
+    config={"cleanup.policy": "compact", "retention.ms": _FOREVER},
+    purpose="Block policy (principals, tenants) re-checked when runs are assigned, keyed by subject.",
+)
+
+TOPICS: tuple[TopicSpec, ...] = (RUNS_COMMANDS, RUNS_EVENTS, RUNS_REJECTIONS, DEADLETTER, POLICY)

@@ -6,6 +6,7 @@ from services.common.clock import SystemClock
 from services.common.eventlog import KafkaEventLog
 from services.common.logs import configure_logging
 from services.common.messages import MessageCodec
+from services.common.policy import BlockList
 from services.common.settings import TenureSettings
 from services.common.store import RocksStore
 from services.common.streams import CommandStream, StreamSettings
@@ -34,7 +35,9 @@ def main() -> None:
         max_active_per_tenant=settings.max_active_per_tenant,
         tenant_limits=settings.parsed_tenant_limits(),
     )
-    processor = RunCommandProcessor(event_log, store, MessageCodec(), SystemClock(), policy)
+    blocks = BlockList(bootstrap, client_id=f"{APP_ID}-policy")
+    blocks.wait_until_current()
+    processor = RunCommandProcessor(event_log, store, MessageCodec(), SystemClock(), policy, blocks.blocked)
     stream = CommandStream(
         StreamSettings(
             app_id=APP_ID,

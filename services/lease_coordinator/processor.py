@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from services.common.clock import Clock
 from services.common.contracts import (
@@ -140,12 +140,14 @@ class RunCommandProcessor:
         codec: MessageCodec,
         clock: Clock,
         policy: LeasePolicy = DEFAULT_POLICY,
+        blocked: Callable[[], frozenset[str]] = frozenset,
     ) -> None:
         self._log = event_log
         self._store = store
         self._codec = codec
         self._clock = clock
         self._policy = policy
+        self._blocked = blocked
         self._assigned: set[int] = set()
         self._restored: set[int] = set()
         self._lock = threading.Lock()
@@ -255,7 +257,9 @@ class RunCommandProcessor:
                 outcome.duplicates += 1  # refused once, refused for good: the caller has its answer
                 continue
             state = changes.after.get(command.run_id) or self._load(command.run_id)
-            decision = decide(state, command, now, self._policy, self._tenant_load(command, state, changes))
+            decision = decide(
+                state, command, now, self._policy, self._tenant_load(command, state, changes), self._blocked()
+            )
             if isinstance(decision, Rejection):
                 refusal = rejection_event(state, command, decision, now)
                 out.append(

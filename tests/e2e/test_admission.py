@@ -3,6 +3,7 @@ atomically with the run and released with it; over the limit nothing is recorded
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -63,3 +64,38 @@ def test_queue_places_and_active_slots_are_limited_per_tenant_EXE_2(system: Tenu
         # Finalising released the active slot atomically with the run's end.
         again = claim(client, second["runId"], runner="runner-b", lease_seconds=60, heartbeat_seconds=5)
         assert again.status_code == 201, again.text
+
+
+def test_assignment_rechecks_the_block_policy_for_the_submitter_EXE_2(
+    tenure_topics: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    system = TenureSystem(
+        tenure_topics,
+        tmp_path_factory.mktemp("blocks"),
+        TENURE_API_KEYS="op-key=olga:operator,rita-key=rita:submitter,runner-key=robo:runner",
+    ).start()
+    try:
+        with (
+            system.client("rita-key") as rita,
+            system.client("op-key") as olga,
+            system.client("runner-key") as runner,
+        ):
+            run = _submit(rita, "acme", f"blk-{uuid.uuid4()}").json()
+            assert rita.put("/admin/blocks/principal/rita", json={"reason": "x"}).status_code == 403
+            blocked = olga.put("/admin/blocks/principal/rita", json={"reason": "credentials leaked"})
+            assert blocked.status_code == 200, blocked.text
+            assert {"subjectKind": "principal", "subject": "rita"}.items() <= olga.get(
+                "/admin/blocks"
+            ).json()["blocks"][0].items()
+            time.sleep(0.5)  # the coordinator follows the policy topic too
+            refused = claim(runner, run["runId"], lease_seconds=60, heartbeat_seconds=5)
+            assert refused.status_code == 409 and problem_type(refused) == "principal-blocked", refused.text
+            assert rita.get(f"/runs/{run['runId']}").json()["status"] == "queued", (
+                "not assigned, nothing lost"
+            )
+            assert olga.delete("/admin/blocks/principal/rita").status_code == 200
+            time.sleep(0.5)
+            granted = claim(runner, run["runId"], lease_seconds=60, heartbeat_seconds=5)
+            assert granted.status_code == 201, granted.text
+    finally:
+        system.stop()

@@ -468,6 +468,15 @@ SAMPLES: dict[tuple[str, int], dict[str, Any]] = {
         "mediaType": "application/json",
         "expiresAt": 1_767_226_545_000,
     },
+    ("tenure.policy.events.BlockChanged", 1): {
+        "eventId": "blk-0001",
+        "subjectKind": "principal",
+        "subject": "rita",
+        "blocked": True,
+        "reason": "credentials leaked",
+        "occurredAt": 1_767_225_650_000,
+        "actor": "olga",
+    },
 }
 
 

@@ -274,6 +274,7 @@ ATTEMPT_REPORTED = "tenure.runs.events.AttemptReported"
 GOLDEN_SAMPLED = (
     *(f"tenure.runs.commands.{name}" for name in f"{_LEASE_COMMANDS} {_LIFECYCLE_COMMANDS}".split()),
     *(f"tenure.runs.events.{name}" for name in f"{_LEASE_EVENTS} {_LIFECYCLE_EVENTS}".split()),
+    "tenure.policy.events.BlockChanged",
 )
 
 

@@ -32,6 +32,7 @@ from services.common.contracts import (
     EVENT_TYPES,
     ArtifactEntry,
     AttemptReported,
+    BlockChanged,
     ClaimRun,
     CommandRejected,
     LeaseTakenOver,
@@ -48,14 +49,14 @@ from services.common.contracts import (
     to_record,
 )
 from services.common.messages import MessageCodec
-from services.common.topics import RUNS_COMMANDS, RUNS_EVENTS, RUNS_REJECTIONS
+from services.common.topics import POLICY, RUNS_COMMANDS, RUNS_EVENTS, RUNS_REJECTIONS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_DIR = REPO_ROOT / "schemas"
 GOLDEN_DIR = REPO_ROOT / "tests" / "golden"
 REGISTRY = SchemaRegistry.from_directory(SCHEMA_DIR)
 CODEC = MessageCodec(REGISTRY)
-ALL_TYPES: tuple[type[Any], ...] = (*COMMAND_TYPES, *EVENT_TYPES, CommandRejected)
+ALL_TYPES: tuple[type[Any], ...] = (*COMMAND_TYPES, *EVENT_TYPES, CommandRejected, BlockChanged)
 
 # Nested Avro records and their contract types, by Avro full name.
 NESTED_TYPES: dict[str, type[Any]] = {"tenure.runs.ArtifactEntry": ArtifactEntry}
@@ -77,7 +78,16 @@ def _schema_fields(cls: type[Any]) -> list[dict[str, Any]]:
     return list(REGISTRY.latest(full_name_of(cls)).declared["fields"])
 
 
+def _key_of(message: Any) -> str:
+    """The Kafka key a message travels under: its run, or for a block its subject."""
+    if isinstance(message, BlockChanged):
+        return f"{message.subject_kind}:{message.subject}"
+    return str(message.run_id)
+
+
 def _topic_of(cls: type[Any]) -> str:
+    if cls is BlockChanged:
+        return POLICY.name
     if cls in COMMAND_TYPES:
         return RUNS_COMMANDS.name
     return RUNS_EVENTS.name if cls in EVENT_TYPES else RUNS_REJECTIONS.name
@@ -122,7 +132,7 @@ def _from_golden(cls: type[Any]) -> tuple[dict[str, Any], Any]:
 
 
 def _round_trip(message: Any) -> Any:
-    outbound = CODEC.outbound(_topic_of(type(message)), message.run_id, message)
+    outbound = CODEC.outbound(_topic_of(type(message)), _key_of(message), message)
     return CODEC.decode(outbound.value)
 
 
@@ -280,11 +290,11 @@ def test_golden_record_maps_to_its_contract_value_and_back(cls: type[Any]) -> No
 @pytest.mark.parametrize("cls", ALL_TYPES, ids=_type_id)
 def test_every_contract_type_round_trips_through_message_codec(cls: type[Any]) -> None:
     _, message = _from_golden(cls)
-    outbound = CODEC.outbound(_topic_of(cls), message.run_id, message)
+    outbound = CODEC.outbound(_topic_of(cls), _key_of(message), message)
     decoded = CODEC.decode(outbound.value)
     assert type(decoded) is cls
     assert decoded == message
-    assert outbound.key == message.run_id.encode()
+    assert outbound.key == _key_of(message).encode()
     assert dict(outbound.headers)["tenure-schema"] == full_name_of(cls).encode()
     assert CODEC.decode_record(outbound.value) == (full_name_of(cls), to_record(message))
     for field in dataclasses.fields(cls):

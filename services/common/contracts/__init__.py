@@ -39,6 +39,7 @@ from services.common.contracts.lifecycle import (
 from services.common.contracts.runs import (
     COMMAND_TYPES,
     EVENT_TYPES,
+    BlockChanged,
     CancelRun,
     CommandRejected,
     RunCancelled,
@@ -57,6 +58,7 @@ __all__ = [
     "ArtifactEntry",
     "AttemptClaimed",
     "AttemptReported",
+    "BlockChanged",
     "CancelRun",
     "ClaimRun",
     "CommandRejected",

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["COMMANDS_NS", "EVENTS_NS", "REJECTIONS_NS", "CommandHeader", "EventHeader"]
+__all__ = ["COMMANDS_NS", "EVENTS_NS", "POLICY_EVENTS_NS", "REJECTIONS_NS", "CommandHeader", "EventHeader"]
 
 COMMANDS_NS = "tenure.runs.commands"
 EVENTS_NS = "tenure.runs.events"
 REJECTIONS_NS = "tenure.runs.rejections"
+POLICY_EVENTS_NS = "tenure.policy.events"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,6 +19,7 @@ from typing import Any, Mapping, Union
 from services.common.contracts._headers import (
     COMMANDS_NS,
     EVENTS_NS,
+    POLICY_EVENTS_NS,
     REJECTIONS_NS,
     CommandHeader,
     EventHeader,
@@ -168,6 +169,20 @@ RunEvent = Union[
     UploadGrantIssued,
 ]
 
+
+@dataclass(frozen=True, kw_only=True)
+class BlockChanged:
+    """An operator blocked or unblocked a principal or a tenant (the block policy of EXE-2)."""
+
+    event_id: str
+    subject_kind: str
+    subject: str
+    blocked: bool
+    reason: str
+    occurred_at: int
+    actor: str
+
+
 # --- wire mapping ---------------------------------------------------------------------------
 
 COMMAND_TYPES: tuple[type[Any], ...] = typing.get_args(RunCommand)
@@ -176,6 +191,7 @@ _NAMESPACE_BY_TYPE: dict[type[Any], str] = {
     **{cls: COMMANDS_NS for cls in COMMAND_TYPES},
     **{cls: EVENTS_NS for cls in EVENT_TYPES},
     CommandRejected: REJECTIONS_NS,
+    BlockChanged: POLICY_EVENTS_NS,
 }
 _TYPE_BY_FULL_NAME: dict[str, type[Any]] = {
     f"{ns}.{cls.__name__}": cls for cls, ns in _NAMESPACE_BY_TYPE.items()

@@ -117,6 +117,11 @@ def decide_claim(state: RunState, command: ClaimRun, now_ms: int, policy: LeaseP
             RejectionCode.RUN_NOT_CLAIMABLE,
             f"run {state.run_id} is {state.status.value}; only a queued run can be claimed",
         )
+    if state.deadline_at is not None and now_ms >= state.deadline_at:
+        # EXE-10: the deadline bounds the whole run; assigning it now would only start a stop.
+        return Rejection(
+            RejectionCode.RUN_NOT_CLAIMABLE, f"run {state.run_id} is past its deadline ({state.deadline_at})"
+        )
     if state.continuation_of is None and state.attempts_used >= state.max_attempts:
         return Rejection(
             RejectionCode.ATTEMPTS_EXHAUSTED,

@@ -91,11 +91,13 @@ def decide(
     now_ms: int,
     policy: LeasePolicy = DEFAULT_POLICY,
     load: TenantLoad | None = None,
+    blocked: frozenset[str] = frozenset(),
 ) -> Decision:
-    """`load` is the tenant's current reservations (EXE-2), as the processor counts them."""
+    """`load` is the tenant's current reservations and `blocked` the block policy's subjects
+    ("principal:<name>", "tenant:<id>"), as the processor knows them when it decides (EXE-2)."""
     if state is not None and command.command_id in state.handled_commands:
         return ()
-    refused = _admission(state, command, policy, load or TenantLoad())
+    refused = _admission(state, command, policy, load or TenantLoad(), blocked)
     if refused is not None:
         return refused
     if isinstance(command, SubmitRun):
@@ -131,7 +133,11 @@ def decide(
 
 
 def _admission(
-    state: RunState | None, command: RunCommand, policy: LeasePolicy, load: TenantLoad
+    state: RunState | None,
+    command: RunCommand,
+    policy: LeasePolicy,
+    load: TenantLoad,
+    blocked: frozenset[str],
 ) -> Rejection | None:
     """EXE-2: a submission needs a queue place, a claim an active slot; over the limit, nothing
     is recorded at all (the refusal changes no state)."""
@@ -143,6 +149,16 @@ def _admission(
                 f"tenant {command.tenant} already has {load.queued} queued runs (limit {max_queued})",
             )
     if isinstance(command, ClaimRun) and state is not None and state.status is RunStatus.QUEUED:
+        # Assignment re-checks the block policy: permissions may have been revoked since submit.
+        if f"principal:{state.submitted_by}" in blocked:
+            return Rejection(
+                RejectionCode.PRINCIPAL_BLOCKED,
+                f"run {state.run_id} was submitted by {state.submitted_by}, who is blocked: not assigned",
+            )
+        if f"tenant:{state.tenant}" in blocked:
+            return Rejection(
+                RejectionCode.TENANT_BLOCKED, f"tenant {state.tenant} is blocked; run {state.run_id} waits"
+            )
         _, max_active = policy.limits_for(state.tenant)
         if max_active and load.active >= max_active:
             return Rejection(
@@ -295,6 +311,7 @@ def evolve(state: RunState | None, event: RunEvent) -> RunState:
             queue_reservation_id=event.queue_reservation_id,
             handled_commands=(event.causation_id,),
             parent_run_id=event.parent_run_id,
+            submitted_by=event.actor,
         )
     if state is None:
         raise ValueError(f"event {event.event_id} refers to run {event.run_id} before it exists")

@@ -59,6 +59,8 @@ class RejectionCode(StrEnum):
     RETRY_NEEDS_ACKNOWLEDGEMENT = "RETRY_NEEDS_ACKNOWLEDGEMENT"
     CAPABILITY_MISSING = "CAPABILITY_MISSING"
     ADMISSION_QUEUE_FULL = "ADMISSION_QUEUE_FULL"
+    PRINCIPAL_BLOCKED = "PRINCIPAL_BLOCKED"
+    TENANT_BLOCKED = "TENANT_BLOCKED"
     ADMISSION_ACTIVE_FULL = "ADMISSION_ACTIVE_FULL"
     INPUT_EXPIRED = "INPUT_EXPIRED"
     CANCEL_ALREADY_REQUESTED = "CANCEL_ALREADY_REQUESTED"
@@ -221,6 +223,8 @@ class RunState:
     # Set by an accepted input: the next claim continues the run (EXE-5) and uses no retry.
     continuation_of: str | None = None
     attempts_started: int = 0
+    # The principal who submitted the run: the block policy is re-checked for it at claim (EXE-2).
+    submitted_by: str = ""
 
     def remember(self, command_id: str) -> tuple[str, ...]:
         if command_id in self.handled_commands:

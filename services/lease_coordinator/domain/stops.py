@@ -180,7 +180,8 @@ def decide_stop_timers(state: RunState, now_ms: int, policy: LeasePolicy) -> tup
         )
     if state.deadline_at is None or now_ms < state.deadline_at or _deadline_handled(state):
         return ()
-    cause = f"timer/{state.run_id}/deadline"
+    # The version makes each deadline decision its own event, even if a run meets it twice.
+    cause = f"timer/{state.run_id}/deadline/{state.version}"
     held = state.status in _HELD and lease is not None and lease.held
     return (
         DeadlineReached(
