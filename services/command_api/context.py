@@ -37,6 +37,7 @@ __all__ = [
     "ApiDependencies",
     "Outcome",
     "ViewReader",
+    "check_holder",
     "open_dependencies",
     "pending_response",
     "rejection_problem",
@@ -208,6 +209,22 @@ class ApiContext:
                 f"no decision within {self.deps.decision_timeout_s}s; the command is durable, poll the run"
             ),
         )
+
+
+async def check_holder(ctx: ApiContext, who_name: str, run_id: str, attempt_id: str) -> None:
+    """Only the lease's holder principal may speak for it (LEASE-1). The coordinator fences by
+    attempt and epoch; this check adds that knowing an attempt id is not enough to use it."""
+    view = await ctx.view(run_id)
+    if view is None:
+        return  # the coordinator answers unknown-attempt
+    for lease in (view.get("lease"), *view.get("leaseHistory", [])):
+        if lease is not None and lease.get("attemptId") == attempt_id:
+            holder = lease.get("holderPrincipal")
+            if holder and holder != who_name:
+                raise ApiProblem(
+                    "not-lease-holder", f"{who_name} does not hold lease {lease['leaseId']}", runId=run_id
+                )
+            return
 
 
 def rejection_problem(rejected: Rejected, path: str, **overrides: str) -> JSONResponse:

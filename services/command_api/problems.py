@@ -206,6 +206,13 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
             409,
             "Assignment re-checks the block policy (EXE-2): the tenant's runs wait.",
         ),
+        ProblemType(
+            "not-lease-holder",
+            "You do not hold this lease",
+            403,
+            "Only the principal that claimed the lease (or the holder a takeover named) may "
+            "renew it, report on it or act under it.",
+        ),
     )
 }
 
@@ -233,6 +240,7 @@ REJECTION_PROBLEMS = {
     "ADMISSION_QUEUE_FULL": "admission-queue-full",
     "PRINCIPAL_BLOCKED": "principal-blocked",
     "TENANT_BLOCKED": "tenant-blocked",
+    "NOT_LEASE_HOLDER": "not-lease-holder",
     "ADMISSION_ACTIVE_FULL": "admission-active-full",
     "INPUT_EXPIRED": "input-expired",
 }

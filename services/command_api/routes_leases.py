@@ -12,7 +12,13 @@ from typing import Any
 
 from fastapi import APIRouter, Header, Request
 
-from services.command_api.context import ApiContext, Outcome, pending_response, rejection_problem
+from services.command_api.context import (
+    ApiContext,
+    Outcome,
+    check_holder,
+    pending_response,
+    rejection_problem,
+)
 from services.command_api.models import (
     ClaimRequest,
     HeartbeatRequest,
@@ -129,6 +135,7 @@ def leases_router(ctx: ApiContext) -> APIRouter:
     async def heartbeat(attempt_id: str, body: HeartbeatRequest, request: Request) -> Any:
         who = ctx.principal(request)
         run_id = _run_of(attempt_id)
+        await check_holder(ctx, who.name, run_id, attempt_id)
         command = RenewLease(
             # Every HTTP request is its own command: a repeated sequence is answered from the
             # lease as it stands, never by replaying an old answer.
@@ -182,6 +189,7 @@ def leases_router(ctx: ApiContext) -> APIRouter:
     async def report(attempt_id: str, body: ReportRequest, request: Request) -> Any:
         who = ctx.principal(request)
         run_id = _run_of(attempt_id)
+        await check_holder(ctx, who.name, run_id, attempt_id)
         view = await existing_run(run_id)
         manifest = [m.model_dump() for m in body.manifest] if body.manifest is not None else None
         problem = ""

@@ -16,7 +16,7 @@ import jsonschema
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.command_api.context import ApiContext, pending_response, rejection_problem
+from services.command_api.context import ApiContext, check_holder, pending_response, rejection_problem
 from services.command_api.models import PendingCommand
 from services.command_api.problems import ApiProblem
 from services.common.contracts import ProvideInput, RequestInput, RequestUploadGrant, UploadGrantIssued
@@ -106,6 +106,7 @@ def work_router(ctx: ApiContext) -> APIRouter:
     async def request_input(attempt_id: str, body: InputRequestBody, request: Request) -> Any:
         who = ctx.principal(request)
         run_id = _run_of_attempt(attempt_id)
+        await check_holder(ctx, who.name, run_id, attempt_id)
         try:
             jsonschema.validators.validator_for(body.inputSchema).check_schema(body.inputSchema)
         except jsonschema.SchemaError as exc:
@@ -181,6 +182,7 @@ def work_router(ctx: ApiContext) -> APIRouter:
     async def upload_grant(attempt_id: str, body: UploadGrantBody, request: Request) -> Any:
         who = ctx.principal(request)
         run_id = _run_of_attempt(attempt_id)
+        await check_holder(ctx, who.name, run_id, attempt_id)
         command = RequestUploadGrant(
             command_id=f"cmd_{uuid.uuid4().hex}",
             run_id=run_id,

@@ -69,6 +69,8 @@ def _new_lease(event: AttemptClaimed | LeaseTakenOver) -> dict[str, Any]:
         "attemptId": event.attempt_id,
         "holder": event.holder,
         "holderKind": event.holder_kind,
+        # Who may speak for the lease: the principal that claimed it, or the holder a takeover named.
+        "holderPrincipal": event.actor if isinstance(event, AttemptClaimed) else event.holder,
         "epoch": event.epoch,
         "issuedAt": event.occurred_at,
         "expiresAt": event.expires_at,

@@ -214,3 +214,20 @@ def test_a_coordinator_sigkill_mid_lease_neither_extends_nor_drops_the_lease_LEA
     )
     lease = view["lease"]
     assert lease["certainty"] == "expired" and lease["endedAt"] >= lease["expiresAt"]
+
+
+def test_only_the_lease_holder_may_renew_or_report_LEASE_1(
+    client: httpx.Client, system: TenureSystem
+) -> None:
+    run = submit(client, f"holder-{uuid.uuid4()}")
+    grant = claim(client, run["runId"], lease_seconds=30, heartbeat_seconds=5).json()
+    with system.client(OPERATOR_KEY) as other:
+        stolen = heartbeat(other, grant, 1)
+        assert stolen.status_code == 403 and problem_type(stolen) == "not-lease-holder", stolen.text
+        report = other.post(
+            f"/attempts/{grant['attemptId']}/report",
+            json={"leaseEpoch": 1, "sequence": 2, "outcome": "failed"},
+        )
+        assert problem_type(report) == "not-lease-holder"
+    assert heartbeat(client, grant, 1).status_code == 200, "the holder itself is unaffected"
+    assert _view(client, run["runId"])["status"] == "running"
