@@ -5,13 +5,13 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help install kafka run test test-unit test-integration lint bench clean
+.PHONY: help install kafka run test test-unit test-integration lint bench bench-leases clean
 
 help:
 	@echo "make run    - install, fetch Kafka, start the whole system (tenure up)"
 	@echo "make test   - install, fetch Kafka, run every test against a real broker"
 	@echo "make lint   - ruff + mypy (strict on services/)"
-	@echo "make bench  - benchmarks (results in docs/benchmarks.md)"
+	@echo "make bench  - foundation benchmark; make bench-leases - lease renewals (docs/benchmarks.md)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,9 @@ lint: $(STAMP)
 
 bench: kafka
 	$(BIN)/python -m bench.foundation
+
+bench-leases: kafka
+	$(BIN)/python -m bench.leases
 
 clean:
 	rm -rf $(VENV) .tenure .pytest_cache .mypy_cache .ruff_cache .hypothesis

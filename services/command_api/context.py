@@ -76,6 +76,9 @@ class ViewReader:
     def get(self, run_id: str) -> dict[str, Any] | None:
         return self._fresh_store().get(run_id)
 
+    def brief(self, run_id: str) -> dict[str, Any] | None:
+        return self._fresh_store().brief(run_id)
+
     def list(self, status: str | None, limit: int, cursor: str | None) -> Any:
         return self._fresh_store().list(status, limit, cursor)
 
@@ -211,20 +214,24 @@ class ApiContext:
         )
 
 
-async def check_holder(ctx: ApiContext, who_name: str, run_id: str, attempt_id: str) -> None:
-    """Only the lease's holder principal may speak for it (LEASE-1). The coordinator fences by
-    attempt and epoch; this check adds that knowing an attempt id is not enough to use it."""
-    view = await ctx.view(run_id)
-    if view is None:
-        return  # the coordinator answers unknown-attempt
-    for lease in (view.get("lease"), *view.get("leaseHistory", [])):
-        if lease is not None and lease.get("attemptId") == attempt_id:
-            holder = lease.get("holderPrincipal")
-            if holder and holder != who_name:
-                raise ApiProblem(
-                    "not-lease-holder", f"{who_name} does not hold lease {lease['leaseId']}", runId=run_id
-                )
-            return
+async def check_holder(ctx: ApiContext, who_name: str, run_id: str, attempt_id: str) -> dict[str, Any] | None:
+    """Only the lease's holder principal may speak for it (LEASE-1); returns the run's brief.
+
+    The coordinator fences by attempt and epoch; this check adds that knowing an attempt id is
+    not enough to use it. It reads the projection's small per-run brief, not the whole view,
+    because every heartbeat passes here.
+    """
+    brief = await asyncio.to_thread(ctx.deps.views.brief, run_id)
+    if brief is None:
+        return None  # the coordinator answers unknown-attempt
+    holder = brief["holders"].get(attempt_id)
+    if holder and holder != who_name:
+        raise ApiProblem(
+            "not-lease-holder",
+            f"{who_name} does not hold lease {brief['leaseIds'][attempt_id]}",
+            runId=run_id,
+        )
+    return brief
 
 
 def rejection_problem(rejected: Rejected, path: str, **overrides: str) -> JSONResponse:

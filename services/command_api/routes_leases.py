@@ -135,7 +135,9 @@ def leases_router(ctx: ApiContext) -> APIRouter:
     async def heartbeat(attempt_id: str, body: HeartbeatRequest, request: Request) -> Any:
         who = ctx.principal(request)
         run_id = _run_of(attempt_id)
-        await check_holder(ctx, who.name, run_id, attempt_id)
+        # One read of the view per heartbeat: the holder check and the stop flags both use it
+        # (a stop requested a moment ago shows on the next heartbeat, as EXE-7 allows).
+        before = await check_holder(ctx, who.name, run_id, attempt_id) or {}
         command = RenewLease(
             # Every HTTP request is its own command: a repeated sequence is answered from the
             # lease as it stands, never by replaying an old answer.
@@ -151,8 +153,8 @@ def leases_router(ctx: ApiContext) -> APIRouter:
         outcome = await ctx.publish_and_wait(command, wait_for_view=False)
         if isinstance(outcome, Outcome):
             event = outcome.decided.event
-            view = await ctx.view(run_id) or {}
-            stop = view.get("stop") or {}
+            stop = before.get("stop") or {}
+            status = "running" if getattr(event, "run_started", False) else before.get("status", "running")
             return {
                 "attemptId": attempt_id,
                 "epoch": body.leaseEpoch,
@@ -160,9 +162,9 @@ def leases_router(ctx: ApiContext) -> APIRouter:
                 "expiresAt": getattr(event, "expires_at", None),
                 "serverTime": event.occurred_at,
                 "certainty": "active",
-                "runStatus": view.get("status", "running"),
+                "runStatus": status,
                 # EXE-7/EXE-10: the runner learns of a requested stop on its next heartbeat.
-                "stopRequested": view.get("status") == "cancelling",
+                "stopRequested": before.get("status") == "cancelling",
                 "stopKind": stop.get("kind"),
                 "stopGraceUntil": stop.get("graceUntil"),
             }

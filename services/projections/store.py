@@ -38,6 +38,19 @@ def _index_key(status: str, view: dict[str, Any]) -> str:
     return f"idx/{status}/{int(view['submittedAt']):013d}/{view['runId']}"
 
 
+def _brief(view: dict[str, Any]) -> dict[str, Any]:
+    leases = [lease for lease in (view.get("lease"), *view.get("leaseHistory", [])) if lease is not None]
+    return {
+        "runId": view["runId"],
+        "status": view["status"],
+        "version": view["version"],
+        "stop": view.get("stop"),
+        # attempt id -> the principal who may speak for it (current and earlier leases)
+        "holders": {lease["attemptId"]: lease.get("holderPrincipal") for lease in leases},
+        "leaseIds": {lease["attemptId"]: lease["leaseId"] for lease in leases},
+    }
+
+
 def _offset_key(partition: int) -> str:
     return f"offset/{RUNS_EVENTS.name}/{partition}"
 
@@ -51,6 +64,11 @@ class RunViewStore:
 
     def get(self, run_id: str) -> dict[str, Any] | None:
         raw = self._store.get(f"view/{run_id}")
+        return decode_view(raw) if raw is not None else None
+
+    def brief(self, run_id: str) -> dict[str, Any] | None:
+        """A few fields of the view that hot paths need (heartbeats), without the whole history."""
+        raw = self._store.get(f"brief/{run_id}")
         return decode_view(raw) if raw is not None else None
 
     def offsets(self) -> dict[int, int]:
@@ -112,20 +130,24 @@ class RunViewStore:
             if not isinstance(event, EVENT_TYPES):
                 continue
             before = views.get(event.run_id) or self.get(event.run_id)
-            after = apply_event(before, event)
+            before_status = before["status"] if before is not None else None
+            # The dict is this batch's own (just decoded or built here): fold in place, so a long
+            # run's growing lease record is not copied on every renewal.
+            after = apply_event(before, event, in_place=True)
             if after is None:
                 continue
             applied += 1
             views[event.run_id] = after
-            if before is None:
+            if before_status is None:
                 puts[_index_key(_ALL, after)] = b""
-            if before is None or before["status"] != after["status"]:
-                if before is not None:
-                    deletes.append(_index_key(before["status"], before))
-                    puts.pop(_index_key(before["status"], before), None)
+            if before_status != after["status"]:
+                if before_status is not None:
+                    deletes.append(_index_key(before_status, after))
+                    puts.pop(_index_key(before_status, after), None)
                 puts[_index_key(after["status"], after)] = b""
         for run_id, view in views.items():
             puts[f"view/{run_id}"] = encode_view(view)
+            puts[f"brief/{run_id}"] = encode_view(_brief(view))
         if puts or deletes:
             self._store.write(puts, tuple(k for k in deletes if k not in puts))
         return applied

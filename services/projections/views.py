@@ -321,7 +321,9 @@ def _apply_input_event(view: dict[str, Any], event: RunEvent) -> None:
         )
 
 
-def apply_event(view: dict[str, Any] | None, event: RunEvent) -> dict[str, Any] | None:
+def apply_event(
+    view: dict[str, Any] | None, event: RunEvent, *, in_place: bool = False
+) -> dict[str, Any] | None:
     """The view after `event`, or None when the event is a duplicate (already applied).
 
     A version gap raises services.common.sequencing.VersionGap: a view built over missing events
@@ -358,7 +360,7 @@ def apply_event(view: dict[str, Any] | None, event: RunEvent) -> dict[str, Any] 
         }
     if view is None:
         raise ValueError(f"{type(event).__name__} {event.event_id} arrived before run {event.run_id} exists")
-    new = copy.deepcopy(view)
+    new = view if in_place else copy.deepcopy(view)
     new.setdefault("leaseHistory", [])
     new["version"] = event.version
     new["updatedAt"] = event.occurred_at
