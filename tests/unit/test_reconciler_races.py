@@ -94,7 +94,8 @@ class Scene:
 
     def reconcile(self) -> tuple[tuple[RunEvent, ...], Scene]:
         """`decide_timers` until nothing is due, as the coordinator's timer tick does."""
-        scene, emitted = self, ()
+        scene: Scene = self
+        emitted: tuple[RunEvent, ...] = ()
         for _ in range(_MAX_TIMER_ROUNDS):
             events = decide_timers(scene.state, scene.now, scene.policy)
             if not events:
@@ -296,7 +297,6 @@ def test_report_at_or_after_lease_expiry_is_refused_in_both_orders_same_end_exe_
     expected = ["LeaseExpired", "RunRequeued"] if retry_safe else ["LeaseExpired"]
     assert _types(first.timer_events) == expected
     assert first.final.status is (RunStatus.QUEUED if retry_safe else RunStatus.INTERRUPTED)
-    assert first.final.status is not RunStatus.SUCCEEDED
 
 
 def test_expired_holders_report_after_the_run_was_claimed_again_is_stale_epoch_lease_3() -> None:
@@ -540,7 +540,7 @@ def test_cancel_at_lease_expiry_is_honoured_in_both_orders_exe_7(retry_safe: boo
     assert second.final.status is RunStatus.CANCELLED
 
 
-# --- known defects: these fail until services/ is fixed (see the report) -----------------------
+# --- two defects these races found (now fixed in domain/lease.py and domain/stops.py) ---------
 
 
 def test_claim_at_the_deadline_is_refused_so_both_orders_end_failed_without_a_lease_exe_10() -> None:
@@ -571,7 +571,8 @@ def test_claim_at_the_deadline_is_refused_so_both_orders_end_failed_without_a_le
 def test_every_deadline_decision_has_its_own_event_id_after_a_user_retry_exe_10_dur_1() -> None:
     """Event ids are derived from their cause so that a redelivery repeats them exactly; two
     *different* events must never share one. Deadline stop, never confirmed -> interrupted;
-    the user's retry (if accepted) must not make the reconciler re-issue the same event id."""
+    the user's retry (if accepted) re-arms the deadline, and the reconciler's second
+    DeadlineReached must not reuse the first one's id (its cause was `timer/<run>/deadline`)."""
     scene = _at_deadline()
     log: list[RunEvent] = []
     events, scene = scene.reconcile()
