@@ -8,7 +8,6 @@ queued, pinned to the same immutable ExecutionSpec) or the request expires (fail
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from services.common.contracts import (
     InputProvided,
@@ -34,6 +33,7 @@ from services.lease_coordinator.domain.state import (
     Rejection,
     RejectionCode,
     RunState,
+    command_event_header,
 )
 
 __all__ = [
@@ -47,20 +47,6 @@ __all__ = [
 ]
 
 CHECKPOINT_CAPABILITY = "checkpoint-v1"
-
-
-def _meta(
-    state: RunState, command_id: str, kind: str, correlation_id: str, actor: str, now_ms: int
-) -> dict[str, Any]:
-    return {
-        "event_id": derived_id("evt", command_id, kind),
-        "run_id": state.run_id,
-        "version": state.version + 1,
-        "occurred_at": now_ms,
-        "causation_id": command_id,
-        "correlation_id": correlation_id,
-        "actor": actor,
-    }
 
 
 def grant_id_for(run_id: str, command_id: str) -> str:
@@ -97,9 +83,7 @@ def decide_request_input(state: RunState, command: RequestInput, now_ms: int, le
         return Rejection(RejectionCode.INVALID_COMMAND, "a checkpoint digest is required before waiting")
     return (
         InputRequested(
-            **_meta(
-                state, command.command_id, "InputRequested", command.correlation_id, command.actor, now_ms
-            ),
+            **command_event_header(state, command, "InputRequested", now_ms),
             attempt_id=lease.attempt_id,
             epoch=lease.epoch,
             request_id=derived_id("inp", state.run_id, str(lease.epoch), str(command.sequence)),
@@ -123,9 +107,7 @@ def decide_provide_input(state: RunState, command: ProvideInput, now_ms: int) ->
         return Rejection(RejectionCode.INPUT_EXPIRED, f"the input request expired at {wait.expires_at}")
     return (
         InputProvided(
-            **_meta(
-                state, command.command_id, "InputProvided", command.correlation_id, command.actor, now_ms
-            ),
+            **command_event_header(state, command, "InputProvided", now_ms),
             request_id=wait.request_id,
             response_id=command.response_id,
             answer=command.answer,
@@ -157,9 +139,7 @@ def decide_upload_grant(
         return Rejection(RejectionCode.INVALID_TRANSITION, f"run {state.run_id} is {state.status.value}")
     return (
         UploadGrantIssued(
-            **_meta(
-                state, command.command_id, "UploadGrantIssued", command.correlation_id, command.actor, now_ms
-            ),
+            **command_event_header(state, command, "UploadGrantIssued", now_ms),
             grant_id=grant_id_for(state.run_id, command.command_id),
             attempt_id=lease.attempt_id,
             epoch=lease.epoch,

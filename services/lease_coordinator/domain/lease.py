@@ -29,7 +29,6 @@ from services.common.contracts import (
     RunRequeued,
     TakeOverLease,
 )
-from services.common.ids import derived_id
 from services.lease_coordinator.domain.lifecycle import (
     LeaseCertainty,
     RunStatus,
@@ -47,6 +46,8 @@ from services.lease_coordinator.domain.state import (
     RunState,
     StopKind,
     attempt_id_for,
+    command_event_header,
+    event_header,
     lease_id_for,
 )
 from services.lease_coordinator.domain.stops import decide_stop_timers, next_stop_timer_at
@@ -94,20 +95,6 @@ def _terms(
     return lease_ms, heartbeat_ms, int(lease_ms * policy.at_risk_fraction)
 
 
-def _meta(
-    state: RunState, command_id: str, kind: str, correlation_id: str, actor: str, now_ms: int, offset: int = 1
-) -> dict[str, Any]:
-    return {
-        "event_id": derived_id("evt", command_id, kind),
-        "run_id": state.run_id,
-        "version": state.version + offset,
-        "occurred_at": now_ms,
-        "causation_id": command_id,
-        "correlation_id": correlation_id,
-        "actor": actor,
-    }
-
-
 # --- claim, renew, report --------------------------------------------------------------------
 
 
@@ -136,9 +123,7 @@ def decide_claim(state: RunState, command: ClaimRun, now_ms: int, policy: LeaseP
     epoch = state.epoch + 1
     return (
         AttemptClaimed(
-            **_meta(
-                state, command.command_id, "AttemptClaimed", command.correlation_id, command.actor, now_ms
-            ),
+            **command_event_header(state, command, "AttemptClaimed", now_ms),
             attempt_id=attempt_id_for(state.run_id, epoch),
             attempt_number=state.attempts_started + 1,
             lease_id=lease_id_for(state.run_id, epoch),
@@ -196,7 +181,7 @@ def decide_renew(state: RunState, command: RenewLease, now_ms: int) -> Decision:
         )
     return (
         LeaseRenewed(
-            **_meta(state, command.command_id, "LeaseRenewed", command.correlation_id, command.actor, now_ms),
+            **command_event_header(state, command, "LeaseRenewed", now_ms),
             attempt_id=lease.attempt_id,
             lease_id=lease.lease_id,
             epoch=lease.epoch,
@@ -231,7 +216,7 @@ def decide_report(state: RunState, command: ReportAttempt, now_ms: int, policy: 
         outcome, error_code = "failed", "MANIFEST_INVALID"
         detail = command.manifest_problem or "the success report carried no verified ResultManifest"
     reported = AttemptReported(
-        **_meta(state, command.command_id, "AttemptReported", command.correlation_id, command.actor, now_ms),
+        **command_event_header(state, command, "AttemptReported", now_ms),
         attempt_id=lease.attempt_id,
         lease_id=lease.lease_id,
         epoch=lease.epoch,
@@ -244,7 +229,7 @@ def decide_report(state: RunState, command: ReportAttempt, now_ms: int, policy: 
     if command.outcome != "preparation_failed":
         return (reported,)
     # EXE-11: no external effect happened yet, so another attempt is safe while attempts remain.
-    meta = _meta(
+    meta = event_header(
         state,
         command.command_id,
         "AfterPreparation",
@@ -299,9 +284,7 @@ def decide_takeover(state: RunState, command: TakeOverLease, now_ms: int, policy
     epoch = state.epoch + 1
     return (
         LeaseTakenOver(
-            **_meta(
-                state, command.command_id, "LeaseTakenOver", command.correlation_id, command.actor, now_ms
-            ),
+            **command_event_header(state, command, "LeaseTakenOver", now_ms),
             previous_attempt_id=lease.attempt_id,
             previous_lease_id=lease.lease_id,
             previous_epoch=lease.epoch,
@@ -339,7 +322,7 @@ def decide_effect_intent(state: RunState, command: RecordEffectIntent, now_ms: i
         )
     return (
         EffectIntentRecorded(
-            **_meta(
+            **event_header(
                 state,
                 command.command_id,
                 "EffectIntentRecorded",
@@ -376,7 +359,7 @@ def decide_effect_outcome(state: RunState, command: RecordEffectOutcome, now_ms:
     lease = state.lease
     return (
         EffectOutcomeRecorded(
-            **_meta(
+            **event_header(
                 state,
                 command.command_id,
                 "EffectOutcomeRecorded",
@@ -434,7 +417,7 @@ def _decide_lease_timers(state: RunState, now_ms: int, policy: LeasePolicy) -> t
     cause = f"timer/{lease.lease_id}"
     if now_ms >= lease.expires_at:
         expired = LeaseExpired(
-            **_meta(state, cause, "LeaseExpired", state.run_id, COORDINATOR_ACTOR, now_ms),
+            **event_header(state, cause, "LeaseExpired", state.run_id, COORDINATOR_ACTOR, now_ms),
             attempt_id=lease.attempt_id,
             lease_id=lease.lease_id,
             epoch=lease.epoch,
@@ -454,7 +437,7 @@ def _decide_lease_timers(state: RunState, now_ms: int, policy: LeasePolicy) -> t
         if not retry:
             return (expired,)
         requeued = RunRequeued(
-            **_meta(state, cause, "RunRequeued", state.run_id, COORDINATOR_ACTOR, now_ms, offset=2),
+            **event_header(state, cause, "RunRequeued", state.run_id, COORDINATOR_ACTOR, now_ms, offset=2),
             reason="LEASE_EXPIRED",
             attempts_used=state.attempts_used,
             attempts_remaining=state.max_attempts - state.attempts_used,
@@ -463,7 +446,7 @@ def _decide_lease_timers(state: RunState, now_ms: int, policy: LeasePolicy) -> t
     if lease.certainty is LeaseCertainty.ACTIVE and now_ms >= lease.last_renewal_at + lease.at_risk_after_ms:
         return (
             LeaseAtRisk(
-                **_meta(
+                **event_header(
                     state,
                     f"{cause}/{lease.last_sequence}",
                     "LeaseAtRisk",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Mapping, Union
+from typing import Any, Mapping, Union
 
 from services.common.contracts import RunEvent
 from services.common.ids import derived_id
@@ -26,6 +26,8 @@ __all__ = [
     "StopRequest",
     "TenantLoad",
     "attempt_id_for",
+    "command_event_header",
+    "event_header",
     "lease_id_for",
     "reservations",
     "run_id_of_attempt",
@@ -233,6 +235,28 @@ class RunState:
 
     def effect(self, effect_id: str) -> EffectRecord | None:
         return next((e for e in self.effects if e.effect_id == effect_id), None)
+
+
+def event_header(
+    state: RunState, cause: str, kind: str, correlation_id: str, actor: str, now_ms: int, offset: int = 1
+) -> dict[str, Any]:
+    """The fields every Run event carries: an id derived from its cause and kind (so re-deciding
+    gives the same event), the next version (`offset` for a second event of one decision), and
+    the coordinator's `now`."""
+    return {
+        "event_id": derived_id("evt", cause, kind),
+        "run_id": state.run_id,
+        "version": state.version + offset,
+        "occurred_at": now_ms,
+        "causation_id": cause,
+        "correlation_id": correlation_id,
+        "actor": actor,
+    }
+
+
+def command_event_header(state: RunState, command: Any, kind: str, now_ms: int) -> dict[str, Any]:
+    """`event_header` for an event a command caused, by that command's actor."""
+    return event_header(state, command.command_id, kind, command.correlation_id, command.actor, now_ms)
 
 
 def attempt_id_for(run_id: str, epoch: int) -> str:

@@ -21,7 +21,6 @@ from services.common.contracts import (
     RunInterrupted,
     RunRetried,
 )
-from services.common.ids import derived_id
 from services.lease_coordinator.domain.lifecycle import (
     TERMINAL_STATUSES,
     LeaseCertainty,
@@ -38,6 +37,8 @@ from services.lease_coordinator.domain.state import (
     RunState,
     StopKind,
     StopRequest,
+    command_event_header,
+    event_header,
 )
 
 __all__ = [
@@ -51,20 +52,6 @@ __all__ = [
 _HELD = (RunStatus.PREPARING, RunStatus.RUNNING)
 
 
-def _meta(
-    state: RunState, cause: str, kind: str, correlation_id: str, actor: str, now_ms: int, offset: int = 1
-) -> dict[str, Any]:
-    return {
-        "event_id": derived_id("evt", cause, kind),
-        "run_id": state.run_id,
-        "version": state.version + offset,
-        "occurred_at": now_ms,
-        "causation_id": cause,
-        "correlation_id": correlation_id,
-        "actor": actor,
-    }
-
-
 def decide_cancel_held(state: RunState, command: CancelRun, now_ms: int, policy: LeasePolicy) -> Decision:
     """EXE-7: a run a runner holds goes to `cancelling`; the runner is told and must confirm."""
     if state.status is RunStatus.CANCELLING:
@@ -74,9 +61,7 @@ def decide_cancel_held(state: RunState, command: CancelRun, now_ms: int, policy:
         return Rejection(RejectionCode.INVALID_TRANSITION, f"run {state.run_id} is {state.status.value}")
     return (
         RunCancelRequested(
-            **_meta(
-                state, command.command_id, "RunCancelRequested", command.correlation_id, command.actor, now_ms
-            ),
+            **command_event_header(state, command, "RunCancelRequested", now_ms),
             reason=command.reason,
             previous_status=state.status.value,
             attempt_id=lease.attempt_id,
@@ -109,7 +94,7 @@ def decide_retry(state: RunState, command: RetryRun, now_ms: int) -> Decision:
         )
     return (
         RunRetried(
-            **_meta(state, command.command_id, "RunRetried", command.correlation_id, command.actor, now_ms),
+            **command_event_header(state, command, "RunRetried", now_ms),
             acknowledged_repeated_effects=True,
             reason=command.reason,
             attempts_used=state.attempts_used,
@@ -146,7 +131,7 @@ def decide_stop_timers(state: RunState, now_ms: int, policy: LeasePolicy) -> tup
         reason = "CANCEL_UNCONFIRMED" if state.stop.kind is StopKind.CANCEL else "DEADLINE_UNCONFIRMED"
         return (
             RunInterrupted(
-                **_meta(
+                **event_header(
                     state,
                     f"timer/{state.run_id}/stop/{state.stop.requested_at}",
                     "RunInterrupted",
@@ -164,7 +149,7 @@ def decide_stop_timers(state: RunState, now_ms: int, policy: LeasePolicy) -> tup
     if state.status is RunStatus.WAITING_INPUT and wait is not None and now_ms >= wait.expires_at:
         return (
             RunFailed(
-                **_meta(
+                **event_header(
                     state,
                     f"timer/{state.run_id}/input/{wait.request_id}",
                     "RunFailed",
@@ -185,7 +170,7 @@ def decide_stop_timers(state: RunState, now_ms: int, policy: LeasePolicy) -> tup
     held = state.status in _HELD and lease is not None and lease.held
     return (
         DeadlineReached(
-            **_meta(state, cause, "DeadlineReached", state.run_id, COORDINATOR_ACTOR, now_ms),
+            **event_header(state, cause, "DeadlineReached", state.run_id, COORDINATOR_ACTOR, now_ms),
             deadline_at=state.deadline_at,
             previous_status=state.status.value,
             stop_requested=held,
