@@ -12,8 +12,9 @@ import asyncio
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any, Sequence
 
-from services.common.contracts import EVENT_TYPES, CommandRejected, RunEvent
+from services.common.contracts import EVENT_TYPES, CommandRejected
 from services.common.kafka import CommandPublisher, OutboundRecord, TopicFollower
 from services.common.messages import MessageCodec, UndecodableRecord
 from services.common.topics import RUNS_EVENTS, RUNS_REJECTIONS
@@ -25,9 +26,9 @@ _REMEMBERED = 20_000
 
 @dataclass(frozen=True)
 class Decided:
-    """The command produced events; `version` is the run's version after the last one seen."""
+    """The command produced events; `event` is the first one seen (a Run or Trajectory event)."""
 
-    event: RunEvent
+    event: Any
 
 
 @dataclass(frozen=True)
@@ -39,17 +40,26 @@ Decision = Decided | Rejected
 
 
 class DecisionListener:
-    def __init__(self, bootstrap_servers: str, codec: MessageCodec) -> None:
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        codec: MessageCodec,
+        topics: Sequence[str] = (RUNS_EVENTS.name, RUNS_REJECTIONS.name),
+        event_types: tuple[type[Any], ...] = EVENT_TYPES,
+        client_id: str = "tenure-api-decisions",
+    ) -> None:
+        """Follows `topics` (an aggregate's events and rejections) from their end."""
         self._codec = codec
+        self._event_types = event_types
         self._lock = threading.Lock()
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[Decision]]]] = {}
         self._recent: OrderedDict[str, Decision] = OrderedDict()
         self._stop = threading.Event()
         self._follower = TopicFollower(
             bootstrap_servers,
-            [RUNS_EVENTS.name, RUNS_REJECTIONS.name],
+            list(topics),
             "end",
-            client_id="tenure-api-decisions",
+            client_id=client_id,
         )
         self._thread = threading.Thread(target=self._run, name="decisions", daemon=True)
         self._thread.start()
@@ -63,7 +73,7 @@ class DecisionListener:
                     continue
                 if isinstance(message, CommandRejected):
                     self._deliver(message.causation_id, Rejected(message))
-                elif isinstance(message, EVENT_TYPES):
+                elif isinstance(message, self._event_types):
                     self._deliver(message.causation_id, Decided(message))
         self._follower.close()
 

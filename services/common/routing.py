@@ -8,12 +8,12 @@ Every producer of run commands must use `command_record`.
 
 from __future__ import annotations
 
-from services.common.contracts import RunCommand
+from services.common.contracts import RunCommand, TrajectoryCommand
 from services.common.kafka import OutboundRecord
 from services.common.messages import MessageCodec
-from services.common.topics import RUNS_COMMANDS
+from services.common.topics import RUNS_COMMANDS, TRAJECTORIES_COMMANDS
 
-__all__ = ["command_record", "partition_for_run"]
+__all__ = ["command_record", "partition_for_run", "trajectory_command_record"]
 
 
 def partition_for_run(run_id: str, partitions: int = RUNS_COMMANDS.partitions) -> int:
@@ -28,3 +28,10 @@ def partition_for_run(run_id: str, partitions: int = RUNS_COMMANDS.partitions) -
 
 def command_record(codec: MessageCodec, command: RunCommand) -> OutboundRecord:
     return codec.outbound(RUNS_COMMANDS.name, command.run_id, command, partition_for_run(command.run_id))
+
+
+def trajectory_command_record(codec: MessageCodec, command: TrajectoryCommand) -> OutboundRecord:
+    """A trajectory lives on its run's partition number, routed the same way."""
+    return codec.outbound(
+        TRAJECTORIES_COMMANDS.name, command.run_id, command, partition_for_run(command.run_id)
+    )

@@ -13,11 +13,15 @@ from typing import Mapping
 
 __all__ = [
     "DEADLETTER",
+    "INCIDENTS",
     "POLICY",
     "RUNS_COMMANDS",
     "RUNS_EVENTS",
     "RUNS_REJECTIONS",
     "TOPICS",
+    "TRAJECTORIES_COMMANDS",
+    "TRAJECTORIES_EVENTS",
+    "TRAJECTORIES_REJECTIONS",
     "TopicSpec",
 ]
 
@@ -71,4 +75,42 @@ POLICY = TopicSpec(
     purpose="Block policy (principals, tenants) re-checked when runs are assigned, keyed by subject.",
 )
 
-TOPICS: tuple[TopicSpec, ...] = (RUNS_COMMANDS, RUNS_EVENTS, RUNS_REJECTIONS, DEADLETTER, POLICY)
+# A run's trajectory lives on its run's partition number (same partition count, same key, same
+# tenant-shard routing), so the saga of a run and its lease are owned side by side.
+TRAJECTORIES_COMMANDS = TopicSpec(
+    name="trajectories.commands",
+    partitions=RUNS_COMMANDS.partitions,
+    config={"cleanup.policy": "delete", "retention.ms": _SEVEN_DAYS_MS},
+    purpose="Commands for the Trajectory aggregate (the saga of a run), keyed by runId.",
+)
+TRAJECTORIES_EVENTS = TopicSpec(
+    name="trajectories.events",
+    partitions=RUNS_COMMANDS.partitions,
+    config={"cleanup.policy": "delete", "retention.ms": _FOREVER, "retention.bytes": "-1"},
+    purpose="Facts about trajectories: steps, compensations, recovery decisions; keyed by runId.",
+)
+TRAJECTORIES_REJECTIONS = TopicSpec(
+    name="trajectories.rejections",
+    partitions=RUNS_COMMANDS.partitions,
+    config={"cleanup.policy": "delete", "retention.ms": _THIRTY_DAYS_MS},
+    purpose="Trajectory commands the saga orchestrator refused (CommandRejected), keyed by runId.",
+)
+INCIDENTS = TopicSpec(
+    name="tenure.incidents",
+    partitions=1,
+    # The out-of-band channel operators tail (REC-7): one partition keeps incidents in order.
+    config={"cleanup.policy": "delete", "retention.ms": _FOREVER},
+    purpose="Structured incidents of frozen trajectories (REC-7), keyed by runId.",
+)
+
+TOPICS: tuple[TopicSpec, ...] = (
+    RUNS_COMMANDS,
+    RUNS_EVENTS,
+    RUNS_REJECTIONS,
+    DEADLETTER,
+    POLICY,
+    TRAJECTORIES_COMMANDS,
+    TRAJECTORIES_EVENTS,
+    TRAJECTORIES_REJECTIONS,
+    INCIDENTS,
+)

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from services.effect_gateway.service import EffectRefused, EffectRequest, Gateway
 
-__all__ = ["EffectBody", "create_app"]
+__all__ = ["EffectBody", "VerifyBody", "create_app"]
 
 _STATUS = {
     "stale-epoch": 409,
@@ -34,6 +34,15 @@ class EffectBody(BaseModel):
     idempotencyKey: str = Field(min_length=1, max_length=200)
     tool: str = Field(min_length=1)
     operation: str = Field(min_length=1)
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+
+class VerifyBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    runId: str = Field(min_length=1)
+    tool: str = Field(min_length=1)
+    verifier: str = Field(min_length=1)
     payload: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -93,6 +102,24 @@ def create_app(open_gateway: Callable[[], Gateway]) -> FastAPI:
             "reconciled": result.reconciled,
             "replayed": result.replayed,
         }
+
+    @app.get("/runs/{run_id}/fencing", summary="The run's lease epoch as the gateway folds it")
+    async def fencing(run_id: str, request: Request) -> Any:
+        view = holder["gw"].view(run_id)
+        if view is None:
+            return _problem("run-not-found", f"run {run_id} does not exist", 404, request.url.path)
+        return {
+            "runId": run_id,
+            "epoch": view.epoch,
+            "attemptId": view.attempt_id,
+            "leaseHeld": view.lease_held,
+            "version": view.version,
+        }
+
+    @app.post("/verify", summary="Run a tool's deterministic verifier (pre-pivot gate, SAGA-6)")
+    async def verify(body: VerifyBody) -> Any:
+        answer = await holder["gw"].verify(body.tool, body.verifier, body.runId, body.payload)
+        return {"status": answer.status, "result": answer.body}
 
     @app.get("/healthz")
     async def healthz() -> Any:

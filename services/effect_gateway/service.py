@@ -130,7 +130,14 @@ class Gateway:
             )
         effect_id = effect_id_for(request.run_id, request.idempotency_key)
         known = view.effects.get(effect_id)
-        if known in ("committed", "failed"):
+        if known == "committed":
+            # The caller may have lost the first answer (a crash after the effect): give it the
+            # recipient's stored result again, or it could not bind a compensator to it.
+            body = await self._stored_result(request)
+            return EffectResult(
+                effect_id, known, 200 if body else None, body, reconciled=False, replayed=True
+            )
+        if known == "failed":
             return EffectResult(effect_id, known, None, None, reconciled=False, replayed=True)
         if known is None:
             await self._record_intent(request, effect_id)  # step 2
@@ -139,6 +146,22 @@ class Gateway:
             if reconciled is not None:
                 return reconciled
         return await self._dispatch(request, effect_id)
+
+    async def _stored_result(self, request: EffectRequest) -> dict[str, Any] | None:
+        try:
+            probe = await self._tools.probe(request.tool, request.idempotency_key)
+        except ToolUnreachable:
+            return None
+        return probe.body if probe.status == 200 else None
+
+    async def verify(self, tool: str, verifier: str, run_id: str, payload: dict[str, Any]) -> ToolAnswer:
+        """A tool's deterministic verifier, for the saga's pre-pivot gate (SAGA-6)."""
+        if not self._tools.knows(tool):
+            raise EffectRefused("unknown-tool", f"no tool {tool!r}; known: {self._tools.names()}")
+        try:
+            return await self._tools.verify(tool, verifier, run_id, payload)
+        except ToolUnreachable as exc:
+            raise EffectRefused("outcome-unknown", str(exc), status=504) from exc
 
     async def _record_intent(self, request: EffectRequest, effect_id: str) -> None:
         command = RecordEffectIntent(

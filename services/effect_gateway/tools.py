@@ -85,6 +85,17 @@ class ToolRegistry:
             raise ToolUnreachable(f"{tool} probe answered {response.status_code}")
         return ToolAnswer(response.status_code, _json(response))
 
+    async def verify(self, tool: str, verifier: str, work_id: str, payload: dict[str, Any]) -> ToolAnswer:
+        try:
+            response = await self._client.post(
+                f"{self._tools[tool]}/verifiers/{verifier}", json={"payload": payload, "workId": work_id}
+            )
+        except httpx.HTTPError as exc:
+            raise ToolUnreachable(f"{tool} verifier: {type(exc).__name__}: {exc}") from exc
+        if response.status_code >= 500:
+            raise ToolUnreachable(f"{tool} verifier answered {response.status_code}")
+        return ToolAnswer(response.status_code, _json(response))
+
     async def close(self) -> None:
         await self._client.aclose()
 

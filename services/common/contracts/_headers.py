@@ -8,12 +8,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["COMMANDS_NS", "EVENTS_NS", "POLICY_EVENTS_NS", "REJECTIONS_NS", "CommandHeader", "EventHeader"]
+__all__ = [
+    "COMMANDS_NS",
+    "EVENTS_NS",
+    "INCIDENTS_NS",
+    "POLICY_EVENTS_NS",
+    "REJECTIONS_NS",
+    "TRAJECTORY_COMMANDS_NS",
+    "TRAJECTORY_EVENTS_NS",
+    "CommandHeader",
+    "EventHeader",
+]
 
 COMMANDS_NS = "tenure.runs.commands"
 EVENTS_NS = "tenure.runs.events"
 REJECTIONS_NS = "tenure.runs.rejections"
 POLICY_EVENTS_NS = "tenure.policy.events"
+TRAJECTORY_COMMANDS_NS = "tenure.trajectories.commands"
+TRAJECTORY_EVENTS_NS = "tenure.trajectories.events"
+INCIDENTS_NS = "tenure.incidents.events"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,8 +19,11 @@ from typing import Any, Mapping, Union
 from services.common.contracts._headers import (
     COMMANDS_NS,
     EVENTS_NS,
+    INCIDENTS_NS,
     POLICY_EVENTS_NS,
     REJECTIONS_NS,
+    TRAJECTORY_COMMANDS_NS,
+    TRAJECTORY_EVENTS_NS,
     CommandHeader,
     EventHeader,
 )
@@ -55,10 +58,41 @@ from services.common.contracts.lifecycle import (
     RunInterrupted,
     RunRetried,
 )
+from services.common.contracts.trajectories import (
+    AbortTrajectory,
+    ApprovePivot,
+    CompensationCompleted,
+    CompensationFailed,
+    CompensationStackRetired,
+    FinishTrajectory,
+    IncidentOpened,
+    IncidentResolved,
+    LeaseRevocationRecorded,
+    PivotApproved,
+    PivotGateEvaluated,
+    ProposeStep,
+    RecordCompensationOutcome,
+    RecordLeaseRevocation,
+    RecordPivotGate,
+    RecordStepOutcome,
+    RecoveryDecided,
+    ResolveIncident,
+    StartTrajectory,
+    StepCommitted,
+    StepFailed,
+    StepIntentRecorded,
+    StepOutcomeUnknown,
+    TrajectoryCompleted,
+    TrajectoryFrozen,
+    TrajectoryRolledBack,
+    TrajectoryStarted,
+)
 
 __all__ = [
     "COMMAND_TYPES",
     "EVENT_TYPES",
+    "TRAJECTORY_COMMAND_TYPES",
+    "TRAJECTORY_EVENT_TYPES",
     "CancelRun",
     "CommandRejected",
     "RunCancelled",
@@ -66,6 +100,8 @@ __all__ = [
     "RunEvent",
     "RunSubmitted",
     "SubmitRun",
+    "TrajectoryCommand",
+    "TrajectoryEvent",
     "from_record",
     "full_name_of",
     "to_record",
@@ -169,6 +205,37 @@ RunEvent = Union[
     UploadGrantIssued,
 ]
 
+TrajectoryCommand = Union[
+    StartTrajectory,
+    ProposeStep,
+    RecordStepOutcome,
+    RecordCompensationOutcome,
+    RecordPivotGate,
+    ApprovePivot,
+    FinishTrajectory,
+    AbortTrajectory,
+    RecordLeaseRevocation,
+    ResolveIncident,
+]
+TrajectoryEvent = Union[
+    TrajectoryStarted,
+    StepIntentRecorded,
+    PivotGateEvaluated,
+    PivotApproved,
+    StepCommitted,
+    StepOutcomeUnknown,
+    StepFailed,
+    RecoveryDecided,
+    CompensationStackRetired,
+    CompensationCompleted,
+    CompensationFailed,
+    TrajectoryCompleted,
+    TrajectoryRolledBack,
+    TrajectoryFrozen,
+    LeaseRevocationRecorded,
+    IncidentResolved,
+]
+
 
 @dataclass(frozen=True, kw_only=True)
 class BlockChanged:
@@ -187,11 +254,16 @@ class BlockChanged:
 
 COMMAND_TYPES: tuple[type[Any], ...] = typing.get_args(RunCommand)
 EVENT_TYPES: tuple[type[Any], ...] = typing.get_args(RunEvent)
+TRAJECTORY_COMMAND_TYPES: tuple[type[Any], ...] = typing.get_args(TrajectoryCommand)
+TRAJECTORY_EVENT_TYPES: tuple[type[Any], ...] = typing.get_args(TrajectoryEvent)
 _NAMESPACE_BY_TYPE: dict[type[Any], str] = {
     **{cls: COMMANDS_NS for cls in COMMAND_TYPES},
     **{cls: EVENTS_NS for cls in EVENT_TYPES},
     CommandRejected: REJECTIONS_NS,
     BlockChanged: POLICY_EVENTS_NS,
+    **{cls: TRAJECTORY_COMMANDS_NS for cls in TRAJECTORY_COMMAND_TYPES},
+    **{cls: TRAJECTORY_EVENTS_NS for cls in TRAJECTORY_EVENT_TYPES},
+    IncidentOpened: INCIDENTS_NS,
 }
 _TYPE_BY_FULL_NAME: dict[str, type[Any]] = {
     f"{ns}.{cls.__name__}": cls for cls, ns in _NAMESPACE_BY_TYPE.items()

@@ -1,0 +1,103 @@
+"""The saga orchestrator's pure core: the Trajectory aggregate, its tools and its recovery policy.
+
+No I/O and no clock reads anywhere below: time, statistics and the tool catalog come in as
+values (SagaContext), and `decide`/`evolve` are total functions of them.
+"""
+
+from services.saga_orchestrator.domain.decide import Decision, decide
+from services.saga_orchestrator.domain.emitter import Rejection, SagaContext
+from services.saga_orchestrator.domain.evolve import evolve, fold
+from services.saga_orchestrator.domain.lifecycle import (
+    STEP_TRANSITIONS,
+    TRAJECTORY_TRANSITIONS,
+    IllegalTransition,
+    StepStatus,
+    TrajectoryStatus,
+)
+from services.saga_orchestrator.domain.plan import CompiledPlan, PlanRejected, PlanStep, compile_plan
+from services.saga_orchestrator.domain.policy import (
+    Budget,
+    ErrorClass,
+    FailureContext,
+    Gate,
+    RecoveryAction,
+    RecoveryDecision,
+    RecoveryPolicy,
+    StepError,
+    break_even,
+    classify,
+    decide_recovery,
+    error_signature,
+)
+from services.saga_orchestrator.domain.repair_stats import RepairStats
+from services.saga_orchestrator.domain.state import (
+    Incident,
+    StepState,
+    TrajectoryState,
+    compensation_key,
+    step_key,
+)
+from services.saga_orchestrator.domain.tools import (
+    Cost,
+    RegistrationRefused,
+    Reversibility,
+    ToolCatalog,
+    ToolSpec,
+    load_catalog,
+)
+from services.saga_orchestrator.domain.work import (
+    DispatchStep,
+    EvaluateGate,
+    RevokeLease,
+    RunCompensator,
+    Work,
+    pending_work,
+)
+
+__all__ = [
+    "STEP_TRANSITIONS",
+    "TRAJECTORY_TRANSITIONS",
+    "Budget",
+    "CompiledPlan",
+    "Cost",
+    "Decision",
+    "DispatchStep",
+    "ErrorClass",
+    "EvaluateGate",
+    "FailureContext",
+    "Gate",
+    "IllegalTransition",
+    "Incident",
+    "PlanRejected",
+    "PlanStep",
+    "RecoveryAction",
+    "RecoveryDecision",
+    "RecoveryPolicy",
+    "RegistrationRefused",
+    "Rejection",
+    "RepairStats",
+    "Reversibility",
+    "RevokeLease",
+    "RunCompensator",
+    "SagaContext",
+    "StepError",
+    "StepState",
+    "StepStatus",
+    "ToolCatalog",
+    "ToolSpec",
+    "TrajectoryState",
+    "TrajectoryStatus",
+    "Work",
+    "break_even",
+    "classify",
+    "compensation_key",
+    "compile_plan",
+    "decide",
+    "decide_recovery",
+    "error_signature",
+    "evolve",
+    "fold",
+    "load_catalog",
+    "pending_work",
+    "step_key",
+]

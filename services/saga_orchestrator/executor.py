@@ -1,0 +1,350 @@
+"""The saga's hands: performs what `pending_work` says through the effect gateway, reports back.
+
+The executor owns nothing. It reads a trajectory's state after each committed batch (and on a
+periodic rescan), performs the one piece of work the state calls for, and publishes the result
+as a command on trajectories.commands, which the processor decides like any other. A crash
+anywhere here loses nothing: the state still calls for the same work, which is done again under
+the same idempotency key, and the gateway and the recipient turn the repeat into "already done".
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Sequence
+
+import httpx
+
+from services.common.clock import Clock
+from services.common.contracts import (
+    RecordCompensationOutcome,
+    RecordLeaseRevocation,
+    RecordPivotGate,
+    RecordStepOutcome,
+    TakeOverLease,
+    TrajectoryCommand,
+)
+from services.common.ids import canonical_json, derived_id
+from services.common.kafka import CommandPublisher
+from services.common.messages import MessageCodec
+from services.common.routing import command_record, trajectory_command_record
+from services.saga_orchestrator.domain import (
+    DispatchStep,
+    ErrorClass,
+    EvaluateGate,
+    RevokeLease,
+    RunCompensator,
+    StepError,
+    ToolCatalog,
+    TrajectoryState,
+    Work,
+    classify,
+    pending_work,
+)
+
+__all__ = ["ACTOR", "SagaExecutor"]
+
+log = logging.getLogger("tenure.saga_orchestrator.executor")
+ACTOR = "tenure-saga-orchestrator"
+_RETRY_LATER_S = 0.5
+# A finished piece of work is not started again by a rescan for this long: its report is on its
+# way through the command topic, and redoing it would only produce a replayed answer.
+_SETTLE_S = 5.0
+
+
+class _RetryLater(Exception):
+    """No answer that decides anything (gateway down, outcome still unknown): try again soon."""
+
+
+def _slug(problem: dict[str, Any] | None, fallback: str) -> str:
+    value = str((problem or {}).get("type") or "")
+    return value.rsplit("/", 1)[-1] or fallback
+
+
+class SagaExecutor:
+    def __init__(
+        self,
+        gateway_url: str,
+        publisher: CommandPublisher,
+        codec: MessageCodec,
+        catalog: ToolCatalog,
+        clock: Clock,
+        *,
+        workers: int = 16,
+        http_timeout_s: float = 30.0,
+        revoke_wait_s: float = 10.0,
+    ) -> None:
+        self._gateway = gateway_url.rstrip("/")
+        self._publisher = publisher
+        self._codec = codec
+        self._catalog = catalog
+        self._clock = clock
+        self._http = httpx.Client(timeout=http_timeout_s)
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="saga-work")
+        self._lock = threading.Lock()
+        self._in_flight: set[str] = set()
+        self._finished: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._revoke_wait_s = revoke_wait_s
+        self.performed = 0
+
+    # --- scheduling ---------------------------------------------------------------------------
+
+    def schedule(self, states: Sequence[TrajectoryState]) -> None:
+        now = time.monotonic()
+        for state in states:
+            work = pending_work(state)
+            if work is None:
+                continue
+            with self._lock:
+                if work.key in self._in_flight or now - self._finished.get(work.key, -1e9) < _SETTLE_S:
+                    continue
+                self._in_flight.add(work.key)
+            self._pool.submit(self._run, work)
+
+    def _run(self, work: Work) -> None:
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._wait_until(getattr(work, "not_before", 0))
+                    command = self._perform(work)
+                    if command is not None:
+                        self._publisher.publish(trajectory_command_record(self._codec, command)).result(30)
+                    self.performed += 1
+                    return
+                except _RetryLater as exc:
+                    log.info("%s: %s; retrying", work.key, exc)
+                    self._stop.wait(_RETRY_LATER_S)
+                except Exception:
+                    log.exception("work %s failed; retrying", work.key)
+                    self._stop.wait(_RETRY_LATER_S)
+        finally:
+            with self._lock:
+                self._in_flight.discard(work.key)
+                self._finished[work.key] = time.monotonic()
+                if len(self._finished) > 50_000:
+                    cutoff = time.monotonic() - _SETTLE_S
+                    self._finished = {k: t for k, t in self._finished.items() if t > cutoff}
+
+    def _wait_until(self, not_before_ms: int) -> None:
+        delay = (not_before_ms - self._clock.now_ms()) / 1000
+        if delay > 0:
+            self._stop.wait(delay)
+
+    def _perform(self, work: Work) -> TrajectoryCommand | None:
+        if isinstance(work, DispatchStep):
+            return self._dispatch(work)
+        if isinstance(work, RunCompensator):
+            return self._compensate(work)
+        if isinstance(work, EvaluateGate):
+            return self._gate(work)
+        return self._revoke(work)
+
+    # --- the gateway --------------------------------------------------------------------------
+
+    def _effect(
+        self,
+        run_id: str,
+        attempt_id: str,
+        epoch: int,
+        key: str,
+        tool: str,
+        operation: str,
+        payload: dict[str, Any],
+    ) -> tuple[int, dict[str, Any]]:
+        try:
+            response = self._http.post(
+                f"{self._gateway}/effects",
+                json={
+                    "runId": run_id,
+                    "attemptId": attempt_id,
+                    "epoch": epoch,
+                    "idempotencyKey": key,
+                    "tool": tool,
+                    "operation": operation,
+                    "payload": payload,
+                },
+            )
+        except httpx.HTTPError as exc:
+            raise _RetryLater(f"gateway unreachable: {exc}") from exc
+        if response.status_code == 503:
+            raise _RetryLater("the gateway is not ready")
+        try:
+            body = response.json()
+        except ValueError:
+            body = {"raw": response.text[:500]}
+        return response.status_code, body if isinstance(body, dict) else {}
+
+    def _dispatch(self, work: DispatchStep) -> RecordStepOutcome:
+        status, body = self._effect(
+            work.run_id,
+            work.attempt_id,
+            work.epoch,
+            work.idempotency_key,
+            work.gateway_tool,
+            work.operation,
+            work.params,
+        )
+        fields: dict[str, Any] = {}
+        if status == 200 and body.get("outcome") == "committed":
+            response = body.get("toolResponse")
+            if not isinstance(response, dict):
+                raise _RetryLater("the effect committed but its result is not available yet")
+            fields = {
+                "outcome": "committed",
+                "output": canonical_json(response.get("output", response)),
+                "reconciled": bool(body.get("reconciled")),
+            }
+        elif status == 200:
+            # A failure recorded before a crash, whose answer is lost. A definite failure had no
+            # effect, so the retry under a new key that a transient error leads to is safe.
+            fields = {
+                "outcome": "failed",
+                "error_kind": "answer-lost",
+                "error_status": 503,
+                "error_message": "the gateway recorded a failure whose answer was lost",
+            }
+        elif status == 504:
+            fields = {"outcome": "unknown", "error_message": str(body.get("detail", "outcome unknown"))}
+        else:
+            problem = body.get("toolResponse") if status == 502 else body
+            problem = problem if isinstance(problem, dict) else {}
+            partial = problem.get("partialOutput")
+            fields = {
+                "outcome": "failed",
+                "error_kind": _slug(problem, "tool-failed"),
+                "error_message": str(problem.get("detail") or body.get("detail") or ""),
+                "error_status": int(body.get("toolStatus") or status),
+                "partial_output": canonical_json(partial) if isinstance(partial, dict) else "",
+            }
+        cause = derived_id("cmd", work.key, fields["outcome"])
+        return RecordStepOutcome(
+            **self._header(work.run_id, cause), step_index=work.step_index, dispatch=work.dispatch, **fields
+        )
+
+    def _compensate(self, work: RunCompensator) -> RecordCompensationOutcome:
+        status, body = self._effect(
+            work.run_id,
+            work.attempt_id,
+            work.epoch,
+            work.idempotency_key,
+            work.gateway_tool,
+            work.operation,
+            work.params,
+        )
+        if status == 200 and body.get("outcome") == "committed":
+            outcome, kind, message = "compensated", "", ""
+        elif status == 504:
+            raise _RetryLater("the compensator's outcome is unknown; the gateway reconciles on the next try")
+        else:
+            problem = body.get("toolResponse") if status == 502 else body
+            problem = problem if isinstance(problem, dict) else {}
+            kind = _slug(problem, "answer-lost" if status == 200 else "tool-failed")
+            message = str(problem.get("detail") or body.get("detail") or "")
+            tool_status = int(body.get("toolStatus") or (503 if status == 200 else status))
+            transient = (
+                classify(StepError(kind, work.operation, message, tool_status)) is ErrorClass.TRANSIENT
+            )
+            outcome = "retriable" if transient else "fatal"
+        cause = derived_id("cmd", work.key, outcome)
+        return RecordCompensationOutcome(
+            **self._header(work.run_id, cause),
+            step_index=work.step_index,
+            attempt=work.attempt,
+            outcome=outcome,
+            error_kind=kind,
+            error_message=message,
+        )
+
+    def _fencing(self, run_id: str) -> dict[str, Any] | None:
+        try:
+            response = self._http.get(f"{self._gateway}/runs/{run_id}/fencing")
+        except httpx.HTTPError as exc:
+            raise _RetryLater(f"gateway unreachable: {exc}") from exc
+        if response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            raise _RetryLater(f"gateway answered {response.status_code}")
+        body = response.json()
+        return body if isinstance(body, dict) else None
+
+    def _gate(self, work: EvaluateGate) -> RecordPivotGate:
+        """SAGA-6's deterministic pre-pivot gate: the lease, then every registered verifier."""
+        checks: list[dict[str, Any]] = []
+        fencing = self._fencing(work.run_id)
+        held = fencing is not None and bool(fencing.get("leaseHeld")) and fencing.get("epoch") == work.epoch
+        checks.append(
+            {
+                "name": "lease-active",
+                "passed": held,
+                "detail": f"gateway sees epoch {fencing.get('epoch') if fencing else None}, "
+                f"held={fencing.get('leaseHeld') if fencing else None}; trajectory epoch {work.epoch}",
+            }
+        )
+        spec = self._catalog.get(work.tool)
+        for verifier in spec.verifiers:
+            try:
+                response = self._http.post(
+                    f"{self._gateway}/verify",
+                    json={
+                        "runId": work.run_id,
+                        "tool": spec.gateway_tool,
+                        "verifier": verifier,
+                        "payload": work.params,
+                    },
+                )
+            except httpx.HTTPError as exc:
+                raise _RetryLater(f"verifier {verifier}: {exc}") from exc
+            if response.status_code >= 500:
+                raise _RetryLater(f"verifier {verifier} answered {response.status_code}")
+            result = response.json().get("result", {}) if response.status_code == 200 else {}
+            checks.append(
+                {
+                    "name": verifier,
+                    "passed": bool(result.get("ok")),
+                    "detail": str(result.get("detail") or response.text[:300]),
+                }
+            )
+        cause = derived_id("cmd", work.key)
+        return RecordPivotGate(
+            **self._header(work.run_id, cause), step_index=work.step_index, checks=canonical_json(checks)
+        )
+
+    def _revoke(self, work: RevokeLease) -> RecordLeaseRevocation:
+        """REC-7: revoke the run's lease (a takeover bumps the epoch, fencing the runner out)."""
+        takeover = TakeOverLease(
+            **self._header(work.run_id, derived_id("cmd", work.incident_id, "revoke")),
+            reason=f"REC-7 incident {work.incident_id}: {work.reason}",
+            new_holder=ACTOR,
+            holder_kind="runner",
+        )
+        self._publisher.publish(command_record(self._codec, takeover)).result(30)
+        deadline = time.monotonic() + self._revoke_wait_s
+        while True:
+            fencing = self._fencing(work.run_id)
+            if fencing is None or int(fencing.get("epoch", 0)) > work.epoch or not fencing.get("leaseHeld"):
+                break
+            if time.monotonic() > deadline:
+                raise _RetryLater("the takeover has not been decided yet")
+            self._stop.wait(0.1)
+        return RecordLeaseRevocation(
+            **self._header(work.run_id, derived_id("cmd", work.key, "recorded")),
+            incident_id=work.incident_id,
+            revoked_epoch=work.epoch,
+        )
+
+    def _header(self, run_id: str, command_id: str) -> dict[str, Any]:
+        return {
+            "command_id": command_id,
+            "run_id": run_id,
+            "issued_at": self._clock.now_ms(),
+            "correlation_id": run_id,
+            "actor": ACTOR,
+        }
+
+    def close(self) -> None:
+        self._stop.set()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._http.close()

@@ -1,0 +1,589 @@
+"""Pure core of the simulated environment: an "external world" of VMs, IPs, builds, firewall rules,
+DNS records, payment holds, messages and caches that Tenure's effect gateway acts upon.
+
+It is deliberately NOT part of Tenure: like a real provider it checks the sender's fencing epoch
+itself (LEASE-3), never applies an effect twice under one idempotency key and answers the
+"did it happen?" probe (REC-6), so tests can prove a saga's unwind left the world as it found it
+(SAGA-3, SAGA-4). No I/O, no clock, no sleeping, no lock: the app adds the lock and does the
+sleeping that an :class:`Answer`'s ``delay_s`` asks for. Rules of :meth:`World.perform`, in order:
+
+0. The operation must be one this world knows (a malformed request, not an effect).
+1. Idempotency. The first request under a key binds the key to (work id, operation, payload). A
+   different request under a known key is a 409 ``idempotency-key-conflict``; the same request
+   whose effect answered success gets the stored body again, whatever epoch it carries.
+2. Fencing. An epoch below the highest this work id presented is a 409 ``stale-epoch`` and
+   changes nothing; otherwise the epoch becomes the work id's bar, even if the request then
+   fails: it proved a newer holder exists.
+3. Armed faults for the operation, first matching one first (see :class:`Fault`).
+4. The operation: payload schema, preconditions, then the effect. An effect applied under a key
+   whose answer was lost or turned into an error (a partial output) is never applied again: a
+   retry under the same key adopts it. That keeps ``applied`` at most 1 per key.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from jsonschema import Draft202012Validator
+
+__all__ = [
+    "OPERATIONS",
+    "PROBLEM_KINDS",
+    "Answer",
+    "ArmedFault",
+    "EffectRecord",
+    "Fault",
+    "FaultKind",
+    "OperationSpec",
+    "Resource",
+    "World",
+    "canonical_json",
+    "is_back_to_start",
+    "problem",
+]
+
+# Problem kinds this world answers with, and their default status (the effect protocol's list).
+PROBLEM_KINDS: dict[str, tuple[int, str]] = {
+    "stale-epoch": (409, "Fencing epoch is stale"),
+    "idempotency-key-conflict": (409, "Idempotency-Key reused for a different request"),
+    "conflict": (409, "Conflict with the current state"),
+    "rate-limited": (429, "Rate limited"),
+    "unavailable": (503, "Service unavailable"),
+    "lock-contention": (423, "Resource is locked"),
+    "schema-invalid": (422, "Payload does not match the operation's schema"),
+    "missing-parameter": (422, "A required parameter is missing"),
+    "compile-error": (422, "Compilation failed"),
+    "not-found": (404, "No such resource"),
+    "auth-revoked": (403, "Credentials revoked"),
+    "exhausted": (507, "Quota exhausted"),
+    "corrupted": (422, "Resource state is corrupted"),
+    "sandbox-breach": (403, "Sandbox breach"),
+}
+
+Role = Literal["create", "release"]
+FaultKind = Literal["error", "timeout-after-commit", "timeout-before-commit"]
+
+
+def canonical_json(value: Any) -> str:
+    """One spelling per JSON value, so "the same payload" is a string comparison."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def problem(kind: str, detail: str, status: int | None = None, **extensions: Any) -> dict[str, Any]:
+    """An RFC 9457 problem body; ``extensions`` never override the standard members."""
+    default_status, title = PROBLEM_KINDS.get(kind, (500, kind.replace("-", " ").capitalize()))
+    return {
+        **extensions,
+        "type": f"/problems/{kind}",
+        "title": title,
+        "status": status if status is not None else default_status,
+        "detail": detail,
+    }
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _string(min_length: int = 1, max_length: int = 255) -> dict[str, Any]:
+    return {"type": "string", "minLength": min_length, "maxLength": max_length}
+
+
+def _object(**properties: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+    }
+
+
+@dataclass(frozen=True)
+class OperationSpec:
+    """One operation: what it does to which kind of resource, its payload schema and its outputs.
+
+    ``id_field`` names the resource id: an output of a "create", a parameter of a "release".
+    ``permanent`` resources (DNS records, sent messages) have no compensator: never "live"."""
+
+    name: str
+    role: Role
+    resource_kind: str
+    id_field: str
+    nominal_ms: int
+    parameters: dict[str, Any]
+    permanent: bool = False
+    released_flag: str = "released"
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        if self.role == "release":
+            return (self.id_field, self.released_flag, "alreadyReleased")
+        return (self.id_field, "address") if self.name == "ip.reserve" else (self.id_field,)
+
+    @property
+    def validator(self) -> Draft202012Validator:
+        return _VALIDATORS[self.name]
+
+
+def _creates(name: str, kind: str, id_field: str, ms: int, /, **parameters: dict[str, Any]) -> OperationSpec:
+    return OperationSpec(name, "create", kind, id_field, ms, _object(**parameters))
+
+
+def _releases(name: str, kind: str, id_field: str, ms: int, flag: str = "released") -> OperationSpec:
+    parameters = _object(**{id_field: _string()})
+    return OperationSpec(name, "release", kind, id_field, ms, parameters, released_flag=flag)
+
+
+_PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
+_AMOUNT = {"type": "number", "exclusiveMinimum": 0}
+_SPECS = (
+    _creates("vm.provision", "vm", "vmId", 120, name=_string(1, 63)),
+    _releases("vm.terminate", "vm", "vmId", 45, "terminated"),
+    _creates("ip.reserve", "ip", "ipId", 350, region=_string(1, 63)),
+    _releases("ip.release", "ip", "ipId", 220),
+    _creates("sandbox.compile", "build", "buildId", 4200, vmId=_string(), source=_string(0, 100_000)),
+    _releases("sandbox.clean", "build", "buildId", 15, "cleaned"),
+    _creates("firewall.write", "firewall-rule", "ruleId", 80, vmId=_string(), port=_PORT),
+    _releases("firewall.unbind", "firewall-rule", "ruleId", 10, "unbound"),
+    replace(
+        _creates("dns.publish", "dns-record", "recordId", 450, name=_string(1, 253), address=_string(1, 64)),
+        permanent=True,
+    ),
+    _creates("payment.hold", "payment-hold", "holdId", 50, account=_string(), amount=_AMOUNT),
+    _releases("payment.release", "payment-hold", "holdId", 50),
+    replace(
+        _creates("notify.send", "message", "messageId", 50, to=_string(), text=_string(0, 10_000)),
+        permanent=True,
+    ),
+    _creates("cache.warm", "cache", "cacheId", 50, name=_string()),
+    _releases("cache.drop", "cache", "cacheId", 50, "dropped"),
+)
+OPERATIONS: dict[str, OperationSpec] = {spec.name: spec for spec in _SPECS}
+_VALIDATORS = {spec.name: Draft202012Validator(spec.parameters) for spec in _SPECS}
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the world answers; the app sleeps ``delay_s`` (outside its lock) before sending it."""
+
+    status: int
+    body: dict[str, Any]
+    delay_s: float = 0.0
+    replay: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A failure armed for the next matching requests of ``operation``.
+
+    - ``error``: answer ``status``/``problem`` (defaults from :data:`PROBLEM_KINDS`). With
+      ``partial_output`` the effect IS applied and left behind, and the error carries
+      ``"partialOutput": <output>``; no success is stored, so the probe says 404.
+    - ``timeout-after-commit``: apply the effect, store the success, answer it ``delay_s`` late.
+    - ``timeout-before-commit``: apply nothing, answer 503 ``unavailable`` ``delay_s`` late.
+    ``match``: payload values that must all be equal for the fault to fire."""
+
+    operation: str
+    kind: FaultKind
+    times: int = 1
+    status: int | None = None
+    problem: str = "unavailable"
+    detail: str | None = None
+    partial_output: bool = False
+    delay_s: float = 10.0
+    match: Mapping[str, Any] = field(default_factory=dict)
+    extensions: Mapping[str, Any] = field(default_factory=dict)
+
+    def matches(self, operation: str, payload: Mapping[str, Any]) -> bool:
+        if operation != self.operation:
+            return False
+        return all(name in payload and payload[name] == value for name, value in self.match.items())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "operation": self.operation,
+            "kind": self.kind,
+            "times": self.times,
+            "status": self.status,
+            "problem": self.problem,
+            "detail": self.detail,
+            "partialOutput": self.partial_output,
+            "delayS": self.delay_s,
+            "match": dict(self.match),
+            "extensions": dict(self.extensions),
+        }
+
+
+@dataclass
+class ArmedFault:
+    fault_id: str
+    fault: Fault
+    remaining: int
+    fired: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "faultId": self.fault_id,
+            **self.fault.to_json(),
+            "remaining": self.remaining,
+            "fired": self.fired,
+        }
+
+
+@dataclass
+class Resource:
+    kind: str
+    resource_id: str
+    created_by_key: str
+    work_id: str
+    operation: str
+    params: dict[str, Any]
+    permanent: bool = False
+    alive: bool = True
+    released_by_key: str | None = None
+    # Every key whose release reached this resource: more than one means a compensator was sent
+    # twice under different keys (harmless, semantically idempotent, but worth seeing).
+    release_keys: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "kind": self.kind,
+            "id": self.resource_id,
+            "createdByKey": self.created_by_key,
+            "workId": self.work_id,
+            "operation": self.operation,
+            "params": copy.deepcopy(self.params),
+        }
+        if not self.alive:
+            body["releasedByKey"] = self.released_by_key
+            body["releaseKeys"] = list(self.release_keys)
+        return body
+
+
+@dataclass
+class EffectRecord:
+    """Everything known about one idempotency key."""
+
+    key: str
+    work_id: str
+    operation: str
+    payload_json: str
+    requests: int = 0
+    applied: int = 0
+    output: dict[str, Any] | None = None  # set once the effect is applied, answered or not
+    success_body: dict[str, Any] | None = None  # set once a success was answered: what the probe sees
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "workId": self.work_id,
+            "operation": self.operation,
+            "requests": self.requests,
+            "applied": self.applied,
+            "succeeded": self.success_body is not None,
+        }
+
+
+class _Refused(Exception):
+    """An operation's own refusal (bad payload, failed precondition): nothing was applied."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        super().__init__(body["detail"])
+        self.body = body
+
+
+class World:
+    """The simulated external world. Deterministic: the same calls give the same answers and ids."""
+
+    def __init__(self, time_scale: float = 0.0) -> None:
+        if not time_scale >= 0.0 or time_scale == float("inf"):
+            raise ValueError(f"time_scale must be a finite number >= 0, got {time_scale!r}")
+        self.time_scale = time_scale
+        self._resources: dict[str, Resource] = {}
+        self._effects: dict[str, EffectRecord] = {}
+        self._epochs: dict[str, int] = {}
+        self._faults: list[ArmedFault] = []
+        self._faults_armed = 0
+
+    # ------------------------------------------------------------------ effects
+
+    def perform(self, work_id: str, epoch: int, key: str, operation: str, payload: dict[str, Any]) -> Answer:
+        spec = OPERATIONS.get(operation)
+        if spec is None:
+            known = ", ".join(OPERATIONS)
+            return Answer(422, problem("schema-invalid", f"unknown operation {operation!r}; known: {known}"))
+        payload_json = canonical_json(payload)
+        record = self._effects.get(key)
+        if record is None:
+            record = self._effects[key] = EffectRecord(key, work_id, operation, payload_json)
+        record.requests += 1
+        differences = [
+            name
+            for name, mine, theirs in (
+                ("workId", work_id, record.work_id),
+                ("operation", operation, record.operation),
+                ("payload", payload_json, record.payload_json),
+            )
+            if mine != theirs
+        ]
+        if differences:
+            return Answer(
+                409,
+                problem(
+                    "idempotency-key-conflict",
+                    f"Idempotency-Key {key!r} already names a different request "
+                    f"(differs in {', '.join(differences)})",
+                    differences=differences,
+                ),
+            )
+        if record.success_body is not None:
+            return Answer(200, copy.deepcopy(record.success_body), replay=True)
+        highest = self._epochs.get(work_id)
+        if highest is not None and epoch < highest:
+            return Answer(
+                409,
+                problem(
+                    "stale-epoch",
+                    f"epoch {epoch} is below the highest epoch {highest} seen for work {work_id!r}",
+                    workId=work_id,
+                    presentedEpoch=epoch,
+                    highestEpoch=highest,
+                ),
+            )
+        self._epochs[work_id] = max(epoch, highest or 0)
+        delay = spec.nominal_ms / 1000 * self.time_scale
+        fault = self._take_fault(operation, payload)
+        if fault is None:
+            return self._execute(record, spec, payload, delay, answer_success=True)
+        if fault.kind == "timeout-before-commit":
+            detail = fault.detail or f"{operation} timed out before commit: nothing was applied"
+            return Answer(503, problem("unavailable", detail, **fault.extensions), fault.delay_s)
+        if fault.kind == "timeout-after-commit":
+            answer = self._execute(record, spec, payload, delay, answer_success=True)
+            return replace(answer, delay_s=answer.delay_s + fault.delay_s)
+        detail = fault.detail or f"injected {fault.problem} fault on {operation}"
+        if not fault.partial_output:
+            body = problem(fault.problem, detail, fault.status, **fault.extensions)
+            return Answer(body["status"], body, delay)
+        answer = self._execute(record, spec, payload, delay, answer_success=False)
+        if not answer.ok:
+            return answer
+        partial = answer.body["output"]
+        body = problem(fault.problem, detail, fault.status, **fault.extensions, partialOutput=partial)
+        return Answer(body["status"], body, delay)
+
+    def probe(self, key: str) -> dict[str, Any] | None:
+        """REC-6: the stored success body under ``key``, or None if no success was ever answered."""
+        record = self._effects.get(key)
+        if record is None or record.success_body is None:
+            return None
+        return copy.deepcopy(record.success_body)
+
+    def _execute(
+        self,
+        record: EffectRecord,
+        spec: OperationSpec,
+        payload: dict[str, Any],
+        delay: float,
+        *,
+        answer_success: bool,
+    ) -> Answer:
+        if record.output is None:
+            try:
+                record.output = self._apply(record, spec, payload)
+            except _Refused as refused:
+                return Answer(refused.body["status"], refused.body, delay)
+            record.applied += 1
+        body = {"operation": spec.name, "output": copy.deepcopy(record.output)}
+        if answer_success:
+            record.success_body = copy.deepcopy(body)
+        return Answer(200, body, delay)
+
+    def _apply(self, record: EffectRecord, spec: OperationSpec, payload: dict[str, Any]) -> dict[str, Any]:
+        errors = sorted(
+            spec.validator.iter_errors(payload),
+            key=lambda e: (e.validator != "required", [str(p) for p in e.absolute_path], e.message),
+        )
+        if errors:
+            error = errors[0]
+            if error.validator == "required":
+                missing = [name for name in spec.parameters["required"] if name not in payload]
+                raise _Refused(
+                    problem(
+                        "missing-parameter", f"{spec.name} needs payload.{missing[0]}", parameter=missing[0]
+                    )
+                )
+            where = ".".join(["payload", *(str(p) for p in error.absolute_path)])
+            raise _Refused(problem("schema-invalid", f"{spec.name}: {where}: {error.message}", field=where))
+        if spec.role == "release":
+            return self._release(record, spec, str(payload[spec.id_field]))
+        check = _PRECONDITIONS.get(spec.name)
+        if check is not None:
+            check(self, record, payload)
+        return self._create(record, spec, payload)
+
+    def _create(self, record: EffectRecord, spec: OperationSpec, payload: dict[str, Any]) -> dict[str, Any]:
+        digest = _digest(record.key)
+        resource_id = f"{spec.id_field.removesuffix('Id')}-{digest[:10]}"
+        if spec.name == "dns.publish":
+            existing = self.dns_record(str(payload["name"]))
+            if existing is not None:  # the same work publishing the same name again: nothing new
+                return {"recordId": existing.resource_id}
+        self._resources[resource_id] = Resource(
+            spec.resource_kind,
+            resource_id,
+            record.key,
+            record.work_id,
+            spec.name,
+            copy.deepcopy(payload),
+            permanent=spec.permanent,
+        )
+        output: dict[str, Any] = {spec.id_field: resource_id}
+        if spec.name == "ip.reserve":
+            octets = bytes.fromhex(digest[10:16])
+            output["address"] = f"10.{octets[0]}.{octets[1]}.{octets[2] % 254 + 1}"
+            self._resources[resource_id].params["address"] = output["address"]
+        return output
+
+    def _release(self, record: EffectRecord, spec: OperationSpec, resource_id: str) -> dict[str, Any]:
+        resource = self._resources.get(resource_id)
+        if resource is None or resource.kind != spec.resource_kind:
+            raise _Refused(
+                problem(
+                    "not-found",
+                    f"{spec.name}: no {spec.resource_kind} {resource_id!r}",
+                    resourceId=resource_id,
+                )
+            )
+        resource.release_keys.append(record.key)
+        already_released = not resource.alive
+        if resource.alive:  # a second release (under another key) is a success that changes nothing
+            resource.alive, resource.released_by_key = False, record.key
+        return {spec.id_field: resource_id, spec.released_flag: True, "alreadyReleased": already_released}
+
+    def live_resource(self, kind: str, resource_id: str) -> Resource | None:
+        resource = self._resources.get(resource_id)
+        return resource if resource is not None and resource.kind == kind and resource.alive else None
+
+    def dns_record(self, name: str) -> Resource | None:
+        """The DNS record published under ``name`` (the world's own object: read, do not change)."""
+        for resource in self._resources.values():
+            if resource.kind == "dns-record" and resource.params.get("name") == name:
+                return resource
+        return None
+
+    # ------------------------------------------------------------------ faults
+
+    def arm(self, fault: Fault) -> ArmedFault:
+        if fault.operation not in OPERATIONS:
+            raise ValueError(f"unknown operation {fault.operation!r}")
+        if fault.times < 1:
+            raise ValueError(f"times must be at least 1, got {fault.times}")
+        self._faults_armed += 1
+        armed = ArmedFault(f"fault-{self._faults_armed}", fault, fault.times)
+        self._faults.append(armed)
+        return armed
+
+    def clear_faults(self) -> int:
+        cleared = len(self._faults)
+        self._faults = []
+        return cleared
+
+    def faults(self) -> list[dict[str, Any]]:
+        return [armed.to_json() for armed in self._faults]
+
+    def _take_fault(self, operation: str, payload: Mapping[str, Any]) -> Fault | None:
+        for armed in self._faults:
+            if armed.fault.matches(operation, payload):
+                armed.remaining -= 1
+                armed.fired += 1
+                if armed.remaining == 0:
+                    self._faults.remove(armed)
+                return armed.fault
+        return None
+
+    # ------------------------------------------------------------------ reading
+
+    def resources(self) -> list[Resource]:
+        return [copy.deepcopy(resource) for resource in self._resources.values()]
+
+    def effect(self, key: str) -> EffectRecord | None:
+        record = self._effects.get(key)
+        return copy.deepcopy(record) if record is not None else None
+
+    def highest_epoch(self, work_id: str) -> int | None:
+        return self._epochs.get(work_id)
+
+    def audit(self) -> dict[str, Any]:
+        """The world's state for assertions (SAGA-4: back to start after an unwind).
+
+        ``live``: compensable resources still in place; ``released``: the compensated ones;
+        ``permanent``: DNS records and sent messages (a pivot's effect is not an orphan);
+        ``effects``: per key, requests received and times applied; ``duplicates``: keys applied
+        more than once (always empty unless this world is broken); ``orphans``: live resources
+        whose creating request never answered success, so only a ``partialOutput`` told of them."""
+        resources = list(self._resources.values())
+        live = [r for r in resources if r.alive and not r.permanent]
+        audit: dict[str, Any] = {
+            "live": [r.to_json() for r in live],
+            "released": [r.to_json() for r in resources if not r.alive],
+            "permanent": [r.to_json() for r in resources if r.permanent],
+            "effects": [record.to_json() for record in self._effects.values()],
+            "duplicates": [record.key for record in self._effects.values() if record.applied > 1],
+            "orphans": [r.to_json() for r in live if self._effects[r.created_by_key].success_body is None],
+            "epochs": dict(self._epochs),
+            "faults": self.faults(),
+        }
+        audit["backToStart"] = is_back_to_start(audit)
+        return audit
+
+
+def _needs_live_vm(world: World, record: EffectRecord, payload: Mapping[str, Any]) -> None:
+    vm_id = str(payload["vmId"])
+    if world.live_resource("vm", vm_id) is None:
+        raise _Refused(problem("not-found", f"{record.operation}: no live vm {vm_id!r}", resourceId=vm_id))
+
+
+def _check_compile(world: World, record: EffectRecord, payload: Mapping[str, Any]) -> None:
+    _needs_live_vm(world, record, payload)
+    source = str(payload["source"])
+    if "syntax-error" in source:
+        line = source[: source.index("syntax-error")].count("\n") + 1
+        raise _Refused(problem("compile-error", f"syntax error at line {line}", line=line))
+
+
+def _check_dns(world: World, record: EffectRecord, payload: Mapping[str, Any]) -> None:
+    existing = world.dns_record(str(payload["name"]))
+    if existing is None:
+        return
+    if existing.work_id != record.work_id or existing.params.get("address") != payload["address"]:
+        raise _Refused(
+            problem(
+                "conflict",
+                f"name {payload['name']!r} is already published by work {existing.work_id!r} "
+                f"as {existing.params.get('address')!r}",
+                recordId=existing.resource_id,
+            )
+        )
+
+
+_PRECONDITIONS: dict[str, Callable[[World, EffectRecord, Mapping[str, Any]], None]] = {
+    "sandbox.compile": _check_compile,
+    "firewall.write": _needs_live_vm,
+    "dns.publish": _check_dns,
+}
+
+
+def is_back_to_start(audit: Mapping[str, Any]) -> bool:
+    """SAGA-4: nothing compensable is left in place; permanent effects (a pivot's) do not count."""
+    return not audit["live"]
