@@ -20,6 +20,7 @@ from services.command_api.problems import register_problem_handlers
 from services.command_api.routes_admin import admin_router
 from services.command_api.routes_leases import leases_router
 from services.command_api.routes_runs import runs_router
+from services.command_api.routes_trajectories import trajectories_router
 from services.command_api.routes_work import work_router
 
 __all__ = ["ApiDependencies", "create_app", "open_dependencies"]
@@ -39,7 +40,8 @@ def create_app(open_deps: Callable[[], ApiDependencies]) -> FastAPI:
     app = FastAPI(
         title="Tenure command API",
         version="0.2.0",
-        description="Submit, claim, renew, report, take over and inspect agent runs. "
+        description="Submit, claim, renew, report, take over and inspect agent runs; drive a "
+        "run's trajectory (saga) step by step and resolve its incidents. "
         "Errors are RFC 9457 problem+json.",
         lifespan=lifespan,
     )
@@ -47,5 +49,6 @@ def create_app(open_deps: Callable[[], ApiDependencies]) -> FastAPI:
     app.include_router(runs_router(ctx))
     app.include_router(leases_router(ctx))
     app.include_router(work_router(ctx))
+    app.include_router(trajectories_router(ctx))
     app.include_router(admin_router(ctx))
     return app

@@ -1,18 +1,19 @@
-"""What every route needs: Kafka publisher, decision follower, view reader, metrics, auth.
+"""What every route needs: Kafka publisher, decision followers, view reader, metrics, auth.
 
-`ApiContext.publish_and_wait` is the one way a route issues a command: register for the
-decision, publish, wait (bounded) for the decision event or rejection, and optionally for the
-Run view that shows it.
+`ApiContext.publish_and_wait` is the one way a route issues a Run command (and
+`publish_trajectory_and_wait` a trajectory command): register for the decision, publish, wait
+(bounded) for the decision event or rejection, and optionally for the view that shows it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import builtins
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -22,15 +23,17 @@ from services.command_api.auth import Principal, load_api_keys, principal_of
 from services.command_api.models import PendingCommand
 from services.command_api.problems import REJECTION_PROBLEMS, ApiProblem, problem_response
 from services.common.clock import Clock, SystemClock
-from services.common.contracts import RunCommand
+from services.common.contracts import TRAJECTORY_EVENT_TYPES, RunCommand, TrajectoryCommand
 from services.common.decisions import Decided, DecisionListener, Rejected, publish_and_await
-from services.common.kafka import CommandPublisher
+from services.common.kafka import CommandPublisher, OutboundRecord
 from services.common.messages import MessageCodec
 from services.common.objectstore import FilesystemObjectStore, ObjectStore
 from services.common.policy import BlockList
-from services.common.routing import command_record
+from services.common.routing import command_record, trajectory_command_record
 from services.common.store import RocksStore
+from services.common.topics import TRAJECTORIES_EVENTS, TRAJECTORIES_REJECTIONS
 from services.projections.store import RunViewStore
+from services.projections.trajectory_store import TrajectoryViewStore
 
 __all__ = [
     "ApiContext",
@@ -45,7 +48,9 @@ __all__ = [
 
 
 class ViewReader:
-    """Opens the projector's RocksDB as a read-only secondary, once it exists."""
+    """Opens the projector's RocksDB as a read-only secondary, once it exists.
+
+    Run views and trajectory views share that store, so one catch-up serves both."""
 
     # Catching up with the primary costs a few file reads; many waiting requests share one.
     _REFRESH_EVERY_S = 0.002
@@ -54,6 +59,7 @@ class ViewReader:
         self._path = path
         self._codec = codec
         self._views: RunViewStore | None = None
+        self._trajectories: TrajectoryViewStore | None = None
         self._lock = threading.Lock()
         self._refreshed_at = 0.0
 
@@ -61,7 +67,9 @@ class ViewReader:
         if self._views is None:
             if not (self._path / "CURRENT").exists():
                 raise ApiProblem("unavailable", "the run views are not built yet; is projections running?")
-            self._views = RunViewStore(RocksStore(self._path, secondary=True), self._codec)
+            store = RocksStore(self._path, secondary=True)
+            self._trajectories = TrajectoryViewStore(store, self._codec)
+            self._views = RunViewStore(store, self._codec)
         return self._views
 
     def _fresh_store(self) -> RunViewStore:
@@ -81,6 +89,33 @@ class ViewReader:
 
     def list(self, status: str | None, limit: int, cursor: str | None) -> Any:
         return self._fresh_store().list(status, limit, cursor)
+
+    def _fresh_trajectories(self) -> TrajectoryViewStore:
+        self._fresh_store()
+        assert self._trajectories is not None
+        return self._trajectories
+
+    def trajectory(self, run_id: str) -> dict[str, Any] | None:
+        return self._fresh_trajectories().get(run_id)
+
+    def open_incidents(self) -> builtins.list[dict[str, Any]]:
+        return self._fresh_trajectories().open_incidents()
+
+    def incident(self, incident_id: str) -> dict[str, Any] | None:
+        return self._fresh_trajectories().incident(incident_id)
+
+    async def wait_for_trajectory_version(
+        self, run_id: str, version: int, timeout_s: float
+    ) -> dict[str, Any] | None:
+        """The run's trajectory view once the projection has applied `version`, or None on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            view = await asyncio.to_thread(self.trajectory, run_id)
+            if view is not None and int(view["version"]) >= version:
+                return view
+            if time.monotonic() >= deadline:
+                return None
+            await asyncio.sleep(self._REFRESH_EVERY_S)
 
     async def wait_for_version(self, run_id: str, version: int, timeout_s: float) -> dict[str, Any] | None:
         """The run's view once the projection has applied `version`, or None on timeout."""
@@ -105,9 +140,12 @@ class ApiDependencies:
     decision_timeout_s: float
     objects: ObjectStore
     blocks: BlockList
+    # Decisions of the saga orchestrator (trajectories.events / trajectories.rejections).
+    trajectory_decisions: DecisionListener
 
     def close(self) -> None:
         self.blocks.close()
+        self.trajectory_decisions.close()
         self.decisions.close()
         self.publisher.close()
 
@@ -126,6 +164,13 @@ def open_dependencies(
         decision_timeout_s=decision_timeout_s,
         objects=FilesystemObjectStore(artifacts_path),
         blocks=BlockList(bootstrap_servers, client_id="tenure-api-policy"),
+        trajectory_decisions=DecisionListener(
+            bootstrap_servers,
+            codec,
+            topics=(TRAJECTORIES_EVENTS.name, TRAJECTORIES_REJECTIONS.name),
+            event_types=TRAJECTORY_EVENT_TYPES,
+            client_id="tenure-api-trajectory-decisions",
+        ),
     )
 
 
@@ -178,24 +223,51 @@ class ApiContext:
         self, command: RunCommand, *, wait_for_view: bool = True
     ) -> Outcome | Rejected | PendingCommand:
         d = self.deps
-        record = command_record(d.codec, command)
+        return await self._publish_and_wait(
+            command_record(d.codec, command),
+            command,
+            d.decisions,
+            d.views.wait_for_version if wait_for_view else None,
+        )
+
+    async def publish_trajectory_and_wait(
+        self, command: TrajectoryCommand, *, wait_for_view: bool = True
+    ) -> Outcome | Rejected | PendingCommand:
+        """Like publish_and_wait, for the saga orchestrator's commands and trajectory views."""
+        d = self.deps
+        return await self._publish_and_wait(
+            trajectory_command_record(d.codec, command),
+            command,
+            d.trajectory_decisions,
+            d.views.wait_for_trajectory_version if wait_for_view else None,
+        )
+
+    async def _publish_and_wait(
+        self,
+        record: OutboundRecord,
+        command: RunCommand | TrajectoryCommand,
+        listener: DecisionListener,
+        wait_for_view: Callable[[str, int, float], Awaitable[dict[str, Any] | None]] | None,
+    ) -> Outcome | Rejected | PendingCommand:
+        d = self.deps
         kind = type(command).__name__
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
             answer = await publish_and_await(
-                d.publisher, d.decisions, record, command.command_id, d.decision_timeout_s
+                d.publisher, listener, record, command.command_id, d.decision_timeout_s
             )
         except Exception as exc:
             raise ApiProblem("unavailable", f"could not publish the command to Kafka: {exc}") from exc
         result: Outcome | Rejected | PendingCommand
         if isinstance(answer, Rejected):
             result = answer
-        elif isinstance(answer, Decided) and not wait_for_view:
+        elif isinstance(answer, Decided) and wait_for_view is None:
             result = Outcome(answer, None)
         elif isinstance(answer, Decided):
+            assert wait_for_view is not None
             remaining = max(0.0, d.decision_timeout_s - (loop.time() - started))
-            view = await d.views.wait_for_version(command.run_id, answer.event.version, remaining)
+            view = await wait_for_view(command.run_id, answer.event.version, remaining)
             result = Outcome(answer, view) if view is not None else self._pending(command)
         else:
             result = self._pending(command)
@@ -204,7 +276,7 @@ class ApiContext:
         self._commands_total.labels(kind, label).inc()
         return result
 
-    def _pending(self, command: RunCommand) -> PendingCommand:
+    def _pending(self, command: RunCommand | TrajectoryCommand) -> PendingCommand:
         return PendingCommand(
             runId=command.run_id,
             commandId=command.command_id,

@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 __all__ = [
     "PROBLEM_TYPES",
+    "TRAJECTORY_PROBLEMS",
     "ApiProblem",
     "problem_response",
     "register_problem_handlers",
@@ -30,6 +31,67 @@ class ProblemType:
     title: str
     status: int
     meaning: str
+
+
+# The saga's problems (routes_trajectories.py), kept with the others so /problems/<slug> serves them.
+TRAJECTORY_PROBLEMS: tuple[ProblemType, ...] = (
+    ProblemType(
+        "trajectory-not-found",
+        "The run has no trajectory",
+        404,
+        "Start the trajectory first: POST /runs/{runId}/trajectory.",
+    ),
+    ProblemType(
+        "trajectory-exists", "The run already has a trajectory", 409, "A run has exactly one trajectory."
+    ),
+    ProblemType(
+        "trajectory-ended",
+        "The trajectory has ended",
+        409,
+        "It completed, rolled back or was abandoned; nothing can change it.",
+    ),
+    ProblemType(
+        "trajectory-conflict",
+        "The trajectory cannot take this command now",
+        409,
+        "The saga orchestrator refused the command in the trajectory's current state; `code` says "
+        "why (e.g. STEP_IN_FLIGHT, REPAIR_EXPECTED, PLAN_MISMATCH, PIVOT_COMMITTED).",
+    ),
+    ProblemType(
+        "unknown-tool",
+        "No tool is registered under this name",
+        422,
+        "Tools are registered by their authors (SAGA-2); propose one of the registered tools.",
+    ),
+    ProblemType(
+        "invalid-parameters",
+        "The step's parameters do not match the tool's schema",
+        422,
+        "The orchestrator validates parameters against the tool's JSON Schema before recording "
+        "any intent (SAGA-1); `detail` lists what is wrong.",
+    ),
+    ProblemType(
+        "plan-rejected",
+        "The plan cannot be compiled",
+        422,
+        "A plan must be an acyclic graph of registered steps with at most one pivot (SAGA-6/7).",
+    ),
+    ProblemType(
+        "two-pivots",
+        "At most one pivot per trajectory",
+        422,
+        "A second irreversible step was proposed (SAGA-6); declare both in a plan so an outbound "
+        "message can be staged in the outbox and released with the pivot.",
+    ),
+    ProblemType(
+        "incident-not-open",
+        "The incident is not open",
+        409,
+        "The incident was resolved already, or belongs to another run.",
+    ),
+)
+
+# The orchestrator's rejection codes, mapped to the problem a caller should see.
 
 
 PROBLEM_TYPES: dict[str, ProblemType] = {
@@ -215,6 +277,7 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
         ),
     )
 }
+PROBLEM_TYPES.update({p.slug: p for p in TRAJECTORY_PROBLEMS if p.slug not in PROBLEM_TYPES})
 
 # The coordinator's rejection codes, mapped to the problem a caller should see.
 REJECTION_PROBLEMS = {

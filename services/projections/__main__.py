@@ -1,4 +1,4 @@
-"""`python -m services.projections [follow|rebuild]`: the Run view projector."""
+"""`python -m services.projections [follow|rebuild]`: the Run and trajectory view projector."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from services.common.logs import configure_logging
 from services.common.messages import MessageCodec
 from services.common.settings import TenureSettings
 from services.common.store import RocksStore
-from services.projections.service import follow, rebuild, views_path
+from services.projections.service import follow, rebuild, rebuild_trajectories, views_path
 from services.projections.store import RunViewStore
+from services.projections.trajectory_store import TrajectoryViewStore
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,9 +34,14 @@ def main(argv: list[str] | None = None) -> int:
             bar.n = seen
             bar.refresh()
 
-        report = rebuild(bootstrap, RunViewStore(RocksStore(path), MessageCodec()), progress)
+        store, codec = RocksStore(path), MessageCodec()
+        report = rebuild(bootstrap, RunViewStore(store, codec), progress)
         bar.close()
         print(f"rebuilt {report.runs} run views from {report.events} events in {report.seconds:.2f}s")
+        bar = tqdm(unit="event", desc="rebuilding trajectory views")
+        sagas = rebuild_trajectories(bootstrap, TrajectoryViewStore(store, codec), progress)
+        bar.close()
+        print(f"rebuilt {sagas.runs} trajectory views from {sagas.events} events in {sagas.seconds:.2f}s")
         return 0
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -1,4 +1,10 @@
-"""The projector: follows runs.events into the Run view store; `rebuild` refolds from offset 0."""
+"""The projector: follows runs.events and trajectories.events into their view stores.
+
+Both kinds of view live in one RocksDB (the API follows it as a secondary); each topic is
+followed by its own consumer from the offsets stored with its views, run views on the calling
+thread and trajectory views on a second one, so neither waits for the other's polls.
+`rebuild` / `rebuild_trajectories` refold a topic from offset 0.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +13,20 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from services.common.kafka import CommandPublisher, InboundRecord, TopicFollower
 from services.common.messages import MessageCodec, UndecodableRecord, deadletter_record
 from services.common.store import RocksStore
-from services.common.topics import DEADLETTER, RUNS_EVENTS
+from services.common.topics import DEADLETTER, RUNS_EVENTS, TRAJECTORIES_EVENTS
 from services.projections.store import RunViewStore
+from services.projections.trajectory_store import TrajectoryViewStore
 
-__all__ = ["RebuildReport", "follow", "rebuild", "views_path"]
+__all__ = ["RebuildReport", "follow", "rebuild", "rebuild_trajectories", "views_path"]
 
 log = logging.getLogger("tenure.projections")
+
+_Apply = Callable[[Iterable[InboundRecord], Callable[[InboundRecord, UndecodableRecord], None]], int]
 
 
 def views_path(state_dir: Path) -> Path:
@@ -25,11 +34,13 @@ def views_path(state_dir: Path) -> Path:
 
 
 def follow(bootstrap_servers: str, path: Path, stop: threading.Event) -> None:
-    """Fold new events until `stop` is set, resuming from the offsets stored with the views."""
-    views = RunViewStore(RocksStore(path), MessageCodec())
-    follower = TopicFollower(
-        bootstrap_servers, [RUNS_EVENTS.name], start_at=views.offsets(), client_id="tenure-projections"
-    )
+    """Fold new events until `stop` is set, resuming from the offsets stored with the views.
+
+    A failure of either follower (e.g. a version gap) stops both and is raised here."""
+    store = RocksStore(path)
+    codec = MessageCodec()
+    views = RunViewStore(store, codec)
+    trajectories = TrajectoryViewStore(store, codec)
     publisher = CommandPublisher(bootstrap_servers, client_id="tenure-projections-deadletter")
 
     def dead_letter(record: InboundRecord, error: UndecodableRecord) -> None:
@@ -46,14 +57,62 @@ def follow(bootstrap_servers: str, path: Path, stop: threading.Event) -> None:
         )
         publisher.publish(dead).result(30)
 
+    halt = threading.Event()
+    failures: list[BaseException] = []
+
+    def trajectory_loop() -> None:
+        try:
+            _follow_topic(
+                bootstrap_servers,
+                TRAJECTORIES_EVENTS.name,
+                trajectories.offsets(),
+                trajectories.apply,
+                dead_letter,
+                "tenure-projections-trajectories",
+                lambda: stop.is_set() or halt.is_set(),
+            )
+        except BaseException as exc:
+            log.exception("the trajectory view follower failed")
+            failures.append(exc)
+            halt.set()
+
+    worker = threading.Thread(target=trajectory_loop, name="trajectory-views", daemon=True)
+    worker.start()
     try:
-        while not stop.is_set():
+        _follow_topic(
+            bootstrap_servers,
+            RUNS_EVENTS.name,
+            views.offsets(),
+            views.apply,
+            dead_letter,
+            "tenure-projections",
+            lambda: stop.is_set() or halt.is_set(),
+        )
+    finally:
+        halt.set()
+        worker.join(10)
+        publisher.close()
+    if failures:
+        raise failures[0]
+
+
+def _follow_topic(
+    bootstrap_servers: str,
+    topic: str,
+    start_at: dict[int, int],
+    apply: _Apply,
+    dead_letter: Callable[[InboundRecord, UndecodableRecord], None],
+    client_id: str,
+    stopped: Callable[[], bool],
+) -> None:
+    follower = TopicFollower(bootstrap_servers, [topic], start_at=start_at, client_id=client_id)
+    try:
+        while not stopped():
             records = follower.poll(max_records=1000, timeout_s=0.1)
             if records:
-                views.apply(records, on_undecodable=dead_letter)
+                apply(records, dead_letter)
     finally:
         follower.close()
-        publisher.close()
 
 
 @dataclass(frozen=True)
@@ -68,19 +127,47 @@ def rebuild(
     views: RunViewStore,
     progress: Callable[[int, int], None] | None = None,
 ) -> RebuildReport:
-    """Clear `views` and fold runs.events from offset 0 up to its end as of the call."""
+    """Clear `views` and fold runs.events from offset 0 up to its end as of the call.
+
+    Clearing empties the whole store, trajectory views included: their offsets go with them, so
+    the next `follow` refolds trajectories.events from the start (or call rebuild_trajectories)."""
     started = time.monotonic()
     views.clear()
-    follower = TopicFollower(bootstrap_servers, [RUNS_EVENTS.name], "beginning", "tenure-rebuild")
+    seen = _refold(bootstrap_servers, RUNS_EVENTS.name, views.apply, progress, started)
+    return RebuildReport(events=seen, runs=len(views.all_views()), seconds=time.monotonic() - started)
+
+
+def rebuild_trajectories(
+    bootstrap_servers: str,
+    views: TrajectoryViewStore,
+    progress: Callable[[int, int], None] | None = None,
+) -> RebuildReport:
+    """Clear the trajectory views and incidents and fold trajectories.events from offset 0.
+
+    `runs` in the report counts trajectories (one per run that has one)."""
+    started = time.monotonic()
+    views.clear()
+    seen = _refold(bootstrap_servers, TRAJECTORIES_EVENTS.name, views.apply, progress, started)
+    return RebuildReport(events=seen, runs=len(views.all_views()), seconds=time.monotonic() - started)
+
+
+def _refold(
+    bootstrap_servers: str,
+    topic: str,
+    apply: Callable[[Iterable[InboundRecord]], int],
+    progress: Callable[[int, int], None] | None,
+    started: float,
+) -> int:
+    follower = TopicFollower(bootstrap_servers, [topic], "beginning", "tenure-rebuild")
     try:
-        targets = {p: end for p, end in follower.end_offsets(RUNS_EVENTS.name).items() if end > 0}
+        targets = {p: end for p, end in follower.end_offsets(topic).items() if end > 0}
         total = sum(targets.values())
         seen = 0
         done: dict[int, int] = {}
         while any(done.get(p, 0) < end for p, end in targets.items()):
             records = follower.poll(max_records=5000, timeout_s=0.2)
             if records:
-                views.apply(records)
+                apply(records)
                 for r in records:
                     done[r.partition] = r.offset + 1
                 seen += len(records)
@@ -90,13 +177,15 @@ def rebuild(
                 raise TimeoutError("rebuild made no progress")
             else:
                 # Transaction markers occupy offsets but are never delivered: ask where we are.
-                _advance_past_markers(follower, targets, done)
+                _advance_past_markers(follower, topic, targets, done)
     finally:
         follower.close()
-    return RebuildReport(events=seen, runs=len(views.all_views()), seconds=time.monotonic() - started)
+    return seen
 
 
-def _advance_past_markers(follower: TopicFollower, targets: dict[int, int], done: dict[int, int]) -> None:
-    for partition, position in follower.positions(RUNS_EVENTS.name).items():
+def _advance_past_markers(
+    follower: TopicFollower, topic: str, targets: dict[int, int], done: dict[int, int]
+) -> None:
+    for partition, position in follower.positions(topic).items():
         if position >= 0 and partition in targets:
             done[partition] = max(done.get(partition, 0), position)

@@ -7,6 +7,9 @@ with LeaseKeeper.claim(client, run_id, "runner-7", ["checkpoint-v1"]) as keeper:
     keeper.send_effect("step-3", "ledger", "transfer", {...})  # only while VALID (LEASE-4)
     keeper.checkpoint(digest)                                   # also in JEOPARDY
     keeper.finish("succeeded")                                  # terminal report, releases
+
+A run whose steps are a saga (SAGA-1..7) goes through TrajectoryClient (trajectory.py): the
+runner proposes each step and the orchestrator dispatches, compensates and recovers.
 """
 
 from services.runner_sdk.certainty import (
@@ -38,8 +41,18 @@ from services.runner_sdk.errors import (
     UnexpectedResponse,
 )
 from services.runner_sdk.keeper import LeaseKeeper
+from services.runner_sdk.trajectory import (
+    IN_FLIGHT_STATUSES,
+    LeaseLike,
+    StepOutcome,
+    StepTicket,
+    StepWaitTimeout,
+    TrajectoryClient,
+    TrajectoryRejected,
+)
 
 __all__ = [
+    "IN_FLIGHT_STATUSES",
     "TERMINAL_CERTAINTIES",
     "TRANSITIONS",
     "Certainty",
@@ -53,6 +66,7 @@ __all__ = [
     "LeaseConflict",
     "LeaseInJeopardy",
     "LeaseKeeper",
+    "LeaseLike",
     "LeaseLost",
     "LeaseReleased",
     "OutcomeUnknown",
@@ -61,11 +75,16 @@ __all__ = [
     "RequestRejected",
     "RunNotClaimable",
     "RunNotFound",
+    "StepOutcome",
+    "StepTicket",
+    "StepWaitTimeout",
     "TenureClient",
     "TenureProblem",
     "TenureRunnerError",
     "TenureUnavailable",
     "ToolFailed",
+    "TrajectoryClient",
+    "TrajectoryRejected",
     "UnexpectedResponse",
     "check_transition",
     "is_allowed",

@@ -33,6 +33,9 @@ SERVICES = (
     ("effect-gateway", "services.effect_gateway"),
     # The reference fenced resource, so the walkthrough has a recipient that checks epochs.
     ("fenced-ledger", "services.fenced_ledger"),
+    # The reference environment of the saga's tools (VMs, IPs, DNS...), and the saga itself.
+    ("sim-environment", "services.sim_environment"),
+    ("saga-orchestrator", "services.saga_orchestrator"),
 )
 
 
@@ -92,23 +95,27 @@ def up(args: argparse.Namespace) -> int:
     for name, outcome in create_topics(bootstrap, TOPICS).items():
         print(f"topic {name}: {outcome}")
     port = args.port or settings.api_port
+    gateway = os.environ.get("TENURE_GATEWAY_PORT", "8200")
+    ledger = os.environ.get("TENURE_LEDGER_PORT", "9100")
+    sim = os.environ.get("TENURE_SIM_PORT", "9200")
     env = dict(
         os.environ,
         KAFKA_BOOTSTRAP_SERVERS=bootstrap,
         TENURE_API_PORT=str(port),
         TENURE_STATE_DIR=str(settings.state_dir),
     )
+    env.setdefault("TENURE_TOOLS", f"ledger=http://127.0.0.1:{ledger},env=http://127.0.0.1:{sim}")
+    env.setdefault("TENURE_GATEWAY_URL", f"http://127.0.0.1:{gateway}")
     children = [_Child(name, module) for name, module in SERVICES]
     for child in children:
         _spawn(child, env)
         if child.name == "projections":
             time.sleep(1.0)  # the API opens the views store the projector creates
-    gateway = env.get("TENURE_GATEWAY_PORT", "8200")
-    ledger = env.get("TENURE_LEDGER_PORT", "9100")
     print(
         f"Tenure is up.\n  API      http://{settings.api_host}:{port}  (OpenAPI: /docs)\n"
         f"  Gateway  http://{settings.api_host}:{gateway}  (effects under a lease)\n"
         f"  Ledger   http://127.0.0.1:{ledger}  (reference fenced resource)\n"
+        f"  Sim env  http://127.0.0.1:{sim}  (reference saga tools; audit at /audit)\n"
         f"  Kafka    {bootstrap}\n  State    {settings.state_dir}\nPress Ctrl-C to stop.",
         flush=True,
     )

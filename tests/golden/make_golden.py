@@ -480,8 +480,80 @@ SAMPLES: dict[tuple[str, int], dict[str, Any]] = {
 }
 
 
+# The saga's records (tenure.trajectories.*, tenure.incidents.*) get values built from their
+# declared fields: one plausible value per field name or type, so every field is non-default.
+_SAGA_VALUES: dict[str, Any] = {
+    "commandId": "cmd-saga-1",
+    "eventId": "evt-saga-1",
+    "runId": "run_a1000000000000000000000000000001",
+    "issuedAt": 1_767_225_600_123,
+    "occurredAt": 1_767_225_600_456,
+    "correlationId": "corr-saga-1",
+    "actor": "runner:runner-7",
+    "causationId": "cmd-saga-1",
+    "version": 3,
+    "attemptId": "att_a1000000000000000000000000000001_1",
+    "leaseEpoch": 1,
+    "epoch": 1,
+    "plan": '{"order":[{"after":[],"params":{"name":"web"},"stepId":"vm","tool":"vm.provision"}],'
+    '"outbox":[],"pivot":null,"reordered":false}',
+    "pivotApproval": "human",
+    "tool": "vm.provision",
+    "gatewayTool": "env",
+    "operation": "vm.provision",
+    "params": '{"name":"web"}',
+    "output": '{"vmId":"vm-0f0e0d0c0b"}',
+    "partialOutput": '{"ruleId":"rule-1a2b3c4d5e"}',
+    "compensation": '{"costMoney":0.0,"costMs":45,"gatewayTool":"env","operation":"vm.terminate",'
+    '"params":{"vmId":"vm-0f0e0d0c0b"}}',
+    "idempotencyKey": "run_a1000000000000000000000000000001/s0/d1",
+    "reversibility": "II",
+    "status": "pending",
+    "outcome": "committed",
+    "errorKind": "conflict",
+    "errorMessage": "the domain is owned by another tenant",
+    "errorStatus": 409,
+    "errorClass": "fatal",
+    "signature": "490df786983f" + "0" * 52,
+    "checks": '[{"detail":"epoch 1 held","name":"lease-active","passed":true}]',
+    "verdict": "passed",
+    "decision": "approve",
+    "action": "BACKWARD_ROLLBACK",
+    "gate": "gate-1-taxonomy",
+    "inputs": '{"errorClass":"fatal","p":"0.5000"}',
+    "severity": "fatal",
+    "failureMode": "COMPENSATION_CORRUPTED",
+    "resolution": "resume",
+    "incidentId": "inc_7f3a9c",
+    "errorContext": '{"kind":"auth-revoked","message":"credentials revoked"}',
+    "uncompensated": '[{"stepIndex":1,"tool":"ip.reserve"}]',
+    "snapshotRef": "tenure://trajectories/run_a1000000000000000000000000000001?version=9&sha256=ab",
+    "logTopic": "trajectories.events",
+}
+_BY_TYPE: dict[str, Any] = {"string": "value", "long": 2, "double": 0.25, "boolean": True}
+
+
+def _saga_sample(declared: dict[str, Any]) -> dict[str, Any]:
+    record: dict[str, Any] = {}
+    for field in declared["fields"]:
+        name, kind = field["name"], field["type"]
+        if name in _SAGA_VALUES:
+            record[name] = _SAGA_VALUES[name]
+        elif isinstance(kind, dict) and kind.get("type") == "array":
+            record[name] = [3, 2, 1]
+        elif isinstance(kind, dict):
+            record[name] = 1_767_225_600_789
+        else:
+            record[name] = f"{name}-1" if kind == "string" else _BY_TYPE[kind]
+    return record
+
+
 def main() -> int:
     registry = SchemaRegistry.from_directory(REPO_ROOT / "schemas")
+    for name in registry.names():
+        for v in registry.versions(name):
+            if v.full_name.startswith(("tenure.trajectories.", "tenure.incidents.")):
+                SAMPLES.setdefault((v.full_name, v.version), _saga_sample(v.declared))
     missing = [
         f"{v.full_name} v{v.version}"
         for name in registry.names()

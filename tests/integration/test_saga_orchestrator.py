@@ -181,7 +181,10 @@ def _repair_until_rollback(
     runner.propose(lease, "sandbox.compile", {"vmId": vm_id, "source": "attempt 0"})
 
     def decided(count: int) -> Any:
-        return lambda s: len([e for e in runner.history(lease.run_id) if isinstance(e, RecoveryDecided)]) >= count
+        def enough(_: Any) -> bool:
+            return sum(isinstance(e, RecoveryDecided) for e in runner.history(lease.run_id)) >= count
+
+        return enough
 
     for attempt in range(1, len(trace) + 1):
         state = runner.wait(lease.run_id, decided(attempt), f"the decision after failure {attempt}")
