@@ -36,6 +36,7 @@ from services.command_api.models import PendingCommand
 from services.command_api.problems import ApiProblem, problem_response
 from services.common.contracts import (
     AbortTrajectory,
+    AdoptLease,
     ApprovePivot,
     FinishTrajectory,
     ProposeStep,
@@ -416,6 +417,30 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
         if _decided_before(existing, command_id):
             return existing
         command = FinishTrajectory(
+            **_header(ctx, request, who, run_id, command_id),
+            attempt_id=body.attemptId,
+            lease_epoch=body.leaseEpoch,
+        )
+        return await decide(command, request.url.path)
+
+    @router.post(
+        "/runs/{run_id}/trajectory/lease",
+        summary="The run's new lease holder (after a takeover) adopts the trajectory (LEASE-6)",
+    )
+    async def adopt_lease(
+        run_id: str,
+        body: LeaseFields,
+        request: Request,
+        idempotency_key: str | None = Header(default=None, alias="Idempotency-Key", max_length=200),
+    ) -> Any:
+        """200 with the view once work still owed (even a step in flight) moved to this lease."""
+        who = ctx.principal(request)
+        await _current_lease(ctx, run_id, body.attemptId, body.leaseEpoch, who)
+        existing = await trajectory_view(run_id)
+        if isinstance(existing, dict) and existing.get("epoch") == body.leaseEpoch:
+            return existing  # already the trajectory's lease: nothing to decide
+        command_id = _command_id(run_id, "AdoptLease", idempotency_key)
+        command = AdoptLease(
             **_header(ctx, request, who, run_id, command_id),
             attempt_id=body.attemptId,
             lease_epoch=body.leaseEpoch,

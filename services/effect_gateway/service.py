@@ -226,6 +226,12 @@ class Gateway:
         assert answer is not None
         if 200 <= answer.status < 300:
             await self._record_outcome(request, effect_id, "committed", "")
+            if "raw" in answer.body:
+                # The effect happened but its answer is garbled: the recipient's stored result,
+                # fetched by the same idempotency key, is the answer (REC-6 applied to corruption).
+                stored = await self._stored_result(request)
+                if stored is not None:
+                    return EffectResult(effect_id, "committed", answer.status, stored, reconciled=True)
             return EffectResult(effect_id, "committed", answer.status, answer.body, reconciled=False)
         if answer.status == 409 and (answer.problem_type or "").endswith("stale-epoch"):
             await self._record_outcome(request, effect_id, "failed", "fenced by the recipient")

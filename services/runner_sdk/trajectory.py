@@ -258,6 +258,11 @@ class TrajectoryClient:
             "finish", f"{self._path(lease.run_id)}/finish", _lease_fields(lease), idempotency_key
         )
 
+    def adopt(self, lease: LeaseLike, *, idempotency_key: str | None = None) -> dict[str, Any]:
+        """POST /runs/{runId}/trajectory/lease: after taking the run's lease over (a crashed
+        runner), move the trajectory's owed work, even a step in flight, to this lease."""
+        return self._post("adopt", f"{self._path(lease.run_id)}/lease", _lease_fields(lease), idempotency_key)
+
     def abort(
         self, lease: LeaseLike, reason: str = "", *, idempotency_key: str | None = None
     ) -> dict[str, Any]:

@@ -58,6 +58,27 @@ class _RetryLater(Exception):
     """No answer that decides anything (gateway down, outcome still unknown): try again soon."""
 
 
+# Refusals that mean "this lease no longer rules the run". Its new holder adopts the trajectory
+# (AdoptLease) and the work is redone under the new epoch, so they are not the step's failure,
+# unless no new holder shows up for _FENCED_GRACE_S.
+_FENCED_KINDS = frozenset(
+    {
+        "stale-epoch",
+        "fenced-by-recipient",
+        "lease-revoked",
+        "lease-expired",
+        "lease-released",
+        "unknown-attempt",
+    }
+)
+_FENCED_GRACE_S = 30.0
+
+
+def _fenced(command: TrajectoryCommand | None) -> bool:
+    kind = getattr(command, "error_kind", "")
+    return kind in _FENCED_KINDS
+
+
 def _slug(problem: dict[str, Any] | None, fallback: str) -> str:
     value = str((problem or {}).get("type") or "")
     return value.rsplit("/", 1)[-1] or fallback
@@ -105,11 +126,18 @@ class SagaExecutor:
             self._pool.submit(self._run, work)
 
     def _run(self, work: Work) -> None:
+        fenced_since: float | None = None
         try:
             while not self._stop.is_set():
                 try:
                     self._wait_until(getattr(work, "not_before", 0))
                     command = self._perform(work)
+                    if _fenced(command):
+                        fenced_since = fenced_since or time.monotonic()
+                        if time.monotonic() - fenced_since < _FENCED_GRACE_S:
+                            raise _RetryLater(
+                                "fenced out: waiting for the new lease holder to adopt the trajectory"
+                            )
                     if command is not None:
                         self._publisher.publish(trajectory_command_record(self._codec, command)).result(30)
                     self.performed += 1
@@ -190,7 +218,9 @@ class SagaExecutor:
         fields: dict[str, Any] = {}
         if status == 200 and body.get("outcome") == "committed":
             response = body.get("toolResponse")
-            if not isinstance(response, dict):
+            if not isinstance(response, dict) or "raw" in response:
+                # Committed, but the answer is missing or garbled: asking again under the same key
+                # makes the gateway fetch the recipient's stored result.
                 raise _RetryLater("the effect committed but its result is not available yet")
             fields = {
                 "outcome": "committed",
@@ -221,7 +251,11 @@ class SagaExecutor:
             }
         cause = derived_id("cmd", work.key, fields["outcome"])
         return RecordStepOutcome(
-            **self._header(work.run_id, cause), step_index=work.step_index, dispatch=work.dispatch, **fields
+            **self._header(work.run_id, cause),
+            step_index=work.step_index,
+            dispatch=work.dispatch,
+            lease_epoch=work.epoch,
+            **fields,
         )
 
     def _compensate(self, work: RunCompensator) -> RecordCompensationOutcome:
@@ -256,6 +290,7 @@ class SagaExecutor:
             outcome=outcome,
             error_kind=kind,
             error_message=message,
+            lease_epoch=work.epoch,
         )
 
     def _fencing(self, run_id: str) -> dict[str, Any] | None:

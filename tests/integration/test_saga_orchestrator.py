@@ -14,6 +14,7 @@ import pytest
 
 from services.common.contracts import (
     AbortTrajectory,
+    AdoptLease,
     ApprovePivot,
     CompensationCompleted,
     CompensationFailed,
@@ -22,6 +23,7 @@ from services.common.contracts import (
     ResolveIncident,
     StartTrajectory,
     StepCommitted,
+    TakeOverLease,
     TrajectoryFrozen,
 )
 from services.common.kafka import PartitionReader
@@ -425,3 +427,36 @@ def test_bad_proposals_are_refused_with_a_specific_reason_and_change_nothing(run
     )
     assert stale.code == "STALE_EPOCH"
     assert runner.state(lease.run_id).version == state.version  # type: ignore[union-attr]
+
+
+def test_a_new_holder_adopts_the_trajectory_and_the_step_in_flight_commits_once(
+    saga: SagaSystem, runner: SagaRunner
+) -> None:
+    """LEASE-6, REC-6: the runner's lease is taken over while its step is in flight; the new
+    holder adopts the trajectory, the step is redone under the new epoch with the same key, and
+    the environment applied it once."""
+    lease = runner.claim_new_run("saga-adopt")
+    runner.start(lease, **RERUN)
+    saga.arm("vm.provision", kind="timeout-after-commit", delayS=1.0)
+    runner.propose(lease, "vm.provision", {"name": "adopt"})
+    wait_until(lambda: of_run(saga.audit()["live"], lease.run_id), 30, "the VM to be created")
+    takeover = TakeOverLease(
+        **runner.header(lease.run_id), reason="runner crashed", new_holder="runner-b", lease_seconds=600
+    )
+    runner.publish_run_command(takeover)
+    new = wait_until(lambda: (g := runner.leases[lease.run_id]).epoch > lease.epoch and g, 30, "the takeover")
+    adopt = runner.send(
+        AdoptLease(**runner.header(lease.run_id), attempt_id=new.attempt_id, lease_epoch=new.epoch)
+    )
+    state = runner.wait(
+        lease.run_id,
+        lambda s: s.epoch == new.epoch and s.steps[0].status is StepStatus.COMMITTED,
+        "the step to commit under the new lease",
+        adopt,
+    )
+    assert json.loads(state.steps[0].output)["vmId"] == of_run(saga.audit()["live"], lease.run_id)[0]["id"]
+    effects = [e for e in saga.audit()["effects"] if e["key"] == f"{lease.run_id}/s0/d1"]
+    assert effects and effects[0]["applied"] == 1
+    assert len(live_of(saga, lease.run_id)) == 1
+    stale = runner.rejection(runner.propose(lease, "ip.reserve", {"region": "eu-west"}))
+    assert stale.code == "STALE_EPOCH"

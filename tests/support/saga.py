@@ -167,6 +167,10 @@ class SagaRunner:
 
     # --- trajectory commands --------------------------------------------------------------------
 
+    def publish_run_command(self, command: Any) -> str:
+        self._publisher.publish(command_record(self._codec, command)).result(10)
+        return str(command.command_id)
+
     def send(self, command: TrajectoryCommand) -> str:
         self._publisher.publish(trajectory_command_record(self._codec, command)).result(10)
         return command.command_id

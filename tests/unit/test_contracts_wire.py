@@ -30,11 +30,14 @@ from services.common.avro import SchemaRegistry
 from services.common.contracts import (
     COMMAND_TYPES,
     EVENT_TYPES,
+    TRAJECTORY_COMMAND_TYPES,
+    TRAJECTORY_EVENT_TYPES,
     ArtifactEntry,
     AttemptReported,
     BlockChanged,
     ClaimRun,
     CommandRejected,
+    IncidentOpened,
     LeaseTakenOver,
     RecordEffectIntent,
     RecordEffectOutcome,
@@ -56,7 +59,15 @@ SCHEMA_DIR = REPO_ROOT / "schemas"
 GOLDEN_DIR = REPO_ROOT / "tests" / "golden"
 REGISTRY = SchemaRegistry.from_directory(SCHEMA_DIR)
 CODEC = MessageCodec(REGISTRY)
-ALL_TYPES: tuple[type[Any], ...] = (*COMMAND_TYPES, *EVENT_TYPES, CommandRejected, BlockChanged)
+ALL_TYPES: tuple[type[Any], ...] = (
+    *COMMAND_TYPES,
+    *EVENT_TYPES,
+    CommandRejected,
+    BlockChanged,
+    *TRAJECTORY_COMMAND_TYPES,
+    *TRAJECTORY_EVENT_TYPES,
+    IncidentOpened,
+)
 
 # Nested Avro records and their contract types, by Avro full name.
 NESTED_TYPES: dict[str, type[Any]] = {"tenure.runs.ArtifactEntry": ArtifactEntry}
@@ -185,7 +196,7 @@ def _python_type_for(avro_type: Any) -> Any:
         if avro_type["type"] == "map":
             return types.GenericAlias(Mapping, (str, _python_type_for(avro_type["values"])))
         return _python_type_for(avro_type["type"])
-    return {"string": str, "int": int, "long": int, "boolean": bool}[avro_type]
+    return {"string": str, "int": int, "long": int, "boolean": bool, "double": float}[avro_type]
 
 
 def _shape(annotation: Any) -> Any:
@@ -458,6 +469,8 @@ def _values_for(avro_type: Any) -> st.SearchStrategy[Any]:
         "int": _INT32,
         "long": _INT64,
         "boolean": st.booleans(),
+        # Finite doubles only: NaN never equals itself, so "round-trips exactly" needs a number.
+        "double": st.floats(allow_nan=False),
     }
     return primitives[avro_type]
 

@@ -57,6 +57,7 @@ from services.common.contracts.runs import (
 )
 from services.common.contracts.trajectories import (
     AbortTrajectory,
+    AdoptLease,
     ApprovePivot,
     CompensationCompleted,
     CompensationFailed,
@@ -64,6 +65,7 @@ from services.common.contracts.trajectories import (
     FinishTrajectory,
     IncidentOpened,
     IncidentResolved,
+    LeaseAdopted,
     LeaseRevocationRecorded,
     PivotApproved,
     PivotGateEvaluated,
@@ -91,6 +93,7 @@ __all__ = [
     "TRAJECTORY_COMMAND_TYPES",
     "TRAJECTORY_EVENT_TYPES",
     "AbortTrajectory",
+    "AdoptLease",
     "ApprovePivot",
     "ArtifactEntry",
     "AttemptClaimed",
@@ -110,6 +113,7 @@ __all__ = [
     "IncidentResolved",
     "InputProvided",
     "InputRequested",
+    "LeaseAdopted",
     "LeaseAtRisk",
     "LeaseExpired",
     "LeaseRenewed",

@@ -60,6 +60,7 @@ from services.common.contracts.lifecycle import (
 )
 from services.common.contracts.trajectories import (
     AbortTrajectory,
+    AdoptLease,
     ApprovePivot,
     CompensationCompleted,
     CompensationFailed,
@@ -67,6 +68,7 @@ from services.common.contracts.trajectories import (
     FinishTrajectory,
     IncidentOpened,
     IncidentResolved,
+    LeaseAdopted,
     LeaseRevocationRecorded,
     PivotApproved,
     PivotGateEvaluated,
@@ -216,6 +218,7 @@ TrajectoryCommand = Union[
     AbortTrajectory,
     RecordLeaseRevocation,
     ResolveIncident,
+    AdoptLease,
 ]
 TrajectoryEvent = Union[
     TrajectoryStarted,
@@ -234,6 +237,7 @@ TrajectoryEvent = Union[
     TrajectoryFrozen,
     LeaseRevocationRecorded,
     IncidentResolved,
+    LeaseAdopted,
 ]
 
 

@@ -14,6 +14,7 @@ from services.common.contracts._headers import CommandHeader, EventHeader
 
 __all__ = [
     "AbortTrajectory",
+    "AdoptLease",
     "ApprovePivot",
     "CompensationCompleted",
     "CompensationFailed",
@@ -21,6 +22,7 @@ __all__ = [
     "FinishTrajectory",
     "IncidentOpened",
     "IncidentResolved",
+    "LeaseAdopted",
     "LeaseRevocationRecorded",
     "PivotApproved",
     "PivotGateEvaluated",
@@ -87,6 +89,7 @@ class RecordStepOutcome(CommandHeader):
     error_message: str = ""
     error_status: int = 0
     reconciled: bool = False
+    lease_epoch: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,6 +101,7 @@ class RecordCompensationOutcome(CommandHeader):
     outcome: str
     error_kind: str = ""
     error_message: str = ""
+    lease_epoch: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,6 +119,14 @@ class ApprovePivot(CommandHeader):
     step_index: int
     decision: str
     note: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdoptLease(CommandHeader):
+    """The run's new lease holder (after a takeover) takes over the trajectory's dispatching."""
+
+    attempt_id: str
+    lease_epoch: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -189,6 +201,16 @@ class StepIntentRecorded(EventHeader):
     status: str
     tokens_used: int
     money_used: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseAdopted(EventHeader):
+    """Work still owed is dispatched under the new lease from now on (its fencing epoch)."""
+
+    attempt_id: str
+    epoch: int
+    previous_attempt_id: str
+    previous_epoch: int
 
 
 @dataclass(frozen=True, kw_only=True)

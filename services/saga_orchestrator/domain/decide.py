@@ -11,11 +11,13 @@ from typing import Any, Callable
 
 from services.common.contracts import (
     AbortTrajectory,
+    AdoptLease,
     ApprovePivot,
     CompensationCompleted,
     CompensationFailed,
     FinishTrajectory,
     IncidentResolved,
+    LeaseAdopted,
     LeaseRevocationRecorded,
     PivotApproved,
     PivotGateEvaluated,
@@ -255,6 +257,30 @@ def _propose(em: Emitter, command: ProposeStep) -> Rejection | None:
     return None
 
 
+def _adopt(em: Emitter, command: AdoptLease) -> Rejection | None:
+    """A new holder took the run's lease over (its runner crashed, LEASE-6): the work still owed,
+    even a step already in flight, is redone under the new epoch with the same idempotency key."""
+    state = em.state
+    if state.status is T.FROZEN:
+        return Rejection(
+            "TRAJECTORY_FROZEN", "a frozen trajectory resumes through ResolveIncident (REC-7)", state
+        )
+    if command.lease_epoch < state.epoch:
+        return _fenced(em, command.attempt_id, command.lease_epoch)
+    if command.lease_epoch == state.epoch:
+        if command.attempt_id != state.attempt_id:
+            return _fenced(em, command.attempt_id, command.lease_epoch)
+        return None  # already the trajectory's lease
+    em.emit(
+        LeaseAdopted,
+        attempt_id=command.attempt_id,
+        epoch=command.lease_epoch,
+        previous_attempt_id=state.attempt_id,
+        previous_epoch=state.epoch,
+    )
+    return None
+
+
 def _finish(em: Emitter, command: FinishTrajectory) -> Rejection | None:
     state = em.state
     if (stale := _fenced(em, command.attempt_id, command.lease_epoch)) is not None:
@@ -294,6 +320,8 @@ def _outcome(em: Emitter, command: RecordStepOutcome) -> Rejection | None:
         return Rejection("UNKNOWN_STEP", f"no step {command.step_index}", state)
     if step.dispatch != command.dispatch or step.status not in (S.PENDING, S.PREPARING, S.DISPATCHED):
         return None  # a late or repeated report of a dispatch already settled
+    if 0 < command.lease_epoch < state.epoch:
+        return None  # done under a lease since replaced: the work is redone under the current one
     if state.status is T.FROZEN and command.outcome != "committed":
         return None
     if command.outcome == "committed":
@@ -411,7 +439,7 @@ def _compensated(em: Emitter, command: RecordCompensationOutcome) -> Rejection |
     if state.status is not T.UNWINDING or not state.stack or state.stack[-1] != command.step_index:
         return None
     assert step is not None
-    if command.attempt != step.compensation_attempt:
+    if command.attempt != step.compensation_attempt or 0 < command.lease_epoch < state.epoch:
         return None
     if command.outcome == "compensated":
         em.emit(
@@ -493,6 +521,7 @@ def _resolve(em: Emitter, command: ResolveIncident) -> Rejection | None:
 
 _HANDLERS: dict[type[Any], Callable[[Emitter, Any], Rejection | None]] = {
     ProposeStep: _propose,
+    AdoptLease: _adopt,
     FinishTrajectory: _finish,
     AbortTrajectory: _abort,
     RecordStepOutcome: _outcome,

@@ -13,6 +13,7 @@ from services.common.contracts import (
     CompensationFailed,
     CompensationStackRetired,
     IncidentResolved,
+    LeaseAdopted,
     LeaseRevocationRecorded,
     PivotApproved,
     PivotGateEvaluated,
@@ -166,6 +167,8 @@ def _apply(state: TrajectoryState, event: TrajectoryEvent) -> TrajectoryState:
             resume_to = T.FORWARD
         incident = Incident(event.incident_id, event.failure_mode, event.failed_step, resume_to, event.epoch)
         return replace(_status(state, T.FROZEN), incident=incident)
+    if isinstance(event, LeaseAdopted):
+        return replace(state, attempt_id=event.attempt_id, epoch=event.epoch)
     if isinstance(event, LeaseRevocationRecorded):
         assert state.incident is not None
         return replace(state, incident=replace(state.incident, revoked_epoch=event.revoked_epoch))

@@ -36,7 +36,7 @@ class DispatchStep:
 
     @property
     def key(self) -> str:
-        return f"dispatch/{self.idempotency_key}/{self.unknown_outcomes}"
+        return f"dispatch/{self.idempotency_key}/{self.unknown_outcomes}/e{self.epoch}"
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class EvaluateGate:
 
     @property
     def key(self) -> str:
-        return f"gate/{self.run_id}/{self.step_index}/{self.dispatch}"
+        return f"gate/{self.run_id}/{self.step_index}/{self.dispatch}/e{self.epoch}"
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class RunCompensator:
 
     @property
     def key(self) -> str:
-        return f"compensate/{self.idempotency_key}"
+        return f"compensate/{self.idempotency_key}/e{self.epoch}"
 
 
 @dataclass(frozen=True)
