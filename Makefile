@@ -5,13 +5,14 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help install kafka run test test-unit test-integration lint bench bench-leases clean
+.PHONY: help install kafka run test test-unit test-integration lint bench bench-leases bench-saga bench-faults clean
 
 help:
 	@echo "make run    - install, fetch Kafka, start the whole system (tenure up)"
 	@echo "make test   - install, fetch Kafka, run every test against a real broker"
 	@echo "make lint   - ruff + mypy (strict on services/)"
 	@echo "make bench  - foundation benchmark; make bench-leases - lease renewals (docs/benchmarks.md)"
+	@echo "make bench-saga - unwind overhead (DUR-2); make bench-faults - fault-injection scoreboard (DUR-3)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +46,14 @@ bench: kafka
 
 bench-leases: kafka
 	$(BIN)/python -m bench.leases
+
+bench-saga: kafka
+	$(BIN)/python -m bench.saga_unwind
+
+# The full scoreboard: 1,000 trajectories per configuration (FAULTS_ARGS to change it).
+FAULTS_ARGS ?= --trajectories 1000 --seed 7
+bench-faults: kafka
+	$(BIN)/python -m bench.faults $(FAULTS_ARGS)
 
 clean:
 	rm -rf $(VENV) .tenure .pytest_cache .mypy_cache .ruff_cache .hypothesis
