@@ -34,7 +34,13 @@ from services.saga_orchestrator.domain.policy import (
     full_jitter_backoff_ms,
 )
 from services.saga_orchestrator.domain.state import StepState, TrajectoryState, step_key
-from services.saga_orchestrator.domain.tools import BindingFailed, Cost, ToolSpec, bind_compensation
+from services.saga_orchestrator.domain.tools import (
+    BindingFailed,
+    Cost,
+    ToolSpec,
+    bind_compensation,
+    check_postcondition,
+)
 
 __all__ = ["abort", "backoff_until", "compensation_cost", "freeze", "handle_failure", "record_commit"]
 
@@ -59,8 +65,36 @@ def _bound(spec: ToolSpec, params: str, output: str) -> str:
 
 
 def record_commit(em: Emitter, step: StepState, output: str, reconciled: bool) -> None:
-    """COMMITTED and the compensator pushed in one record, before the next step may start (SAGA-2)."""
+    """COMMITTED and the compensator pushed in one record, before the next step may start (SAGA-2).
+
+    The output must meet the tool's post-condition first (SAGA-1). One that does not is a step
+    that failed with effects: its compensator is bound from that output and runs first on unwind,
+    and policy D decides what follows (it is a semantic error: a repair candidate)."""
     spec = em.context.catalog.get(step.tool)
+    try:
+        problems = check_postcondition(spec, json.loads(output or "{}"))
+    except ValueError:
+        problems = ("the output is not JSON",)
+    if problems:
+        handle_failure(
+            em,
+            step,
+            RecordStepOutcome(
+                command_id=em.command.command_id,
+                run_id=em.state.run_id,
+                issued_at=em.now_ms,
+                correlation_id=em.command.correlation_id,
+                actor=em.command.actor,
+                step_index=step.index,
+                dispatch=step.dispatch,
+                outcome="failed",
+                error_kind="postcondition-failed",
+                error_message="; ".join(problems),
+                error_status=422,
+                partial_output=output if not problems[0].startswith("the output is not JSON") else "",
+            ),
+        )
+        return
     try:
         compensation = _bound(spec, step.params, output or "{}")
     except (BindingFailed, ValueError) as exc:

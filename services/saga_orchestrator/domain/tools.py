@@ -38,6 +38,7 @@ __all__ = [
     "ToolSpec",
     "UnknownTool",
     "bind_compensation",
+    "check_postcondition",
     "check_spec",
     "load_catalog",
     "validate_parameters",
@@ -129,6 +130,8 @@ class ToolSpec:
     parameters: Mapping[str, Any] = field(default_factory=_default_parameters)
     compensator: CompensatorSpec | None = None
     verifiers: tuple[str, ...] = ()
+    # The post-condition (SAGA-1): a JSON Schema the forward action's output must meet; None = any.
+    output: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         # A private deep copy: the registry must not change because a caller mutated its dict later.
@@ -136,6 +139,8 @@ class ToolSpec:
         if isinstance(self.parameters, Mapping):
             object.__setattr__(self, "parameters", copy.deepcopy(dict(self.parameters)))
         object.__setattr__(self, "verifiers", tuple(self.verifiers))
+        if isinstance(self.output, Mapping):
+            object.__setattr__(self, "output", copy.deepcopy(dict(self.output)))
 
     @property
     def is_pivot(self) -> bool:
@@ -162,6 +167,7 @@ class ToolSpec:
             "parameters": copy.deepcopy(dict(self.parameters)),
             "compensator": None if self.compensator is None else self.compensator.to_json(),
             "verifiers": list(self.verifiers),
+            **({"output": copy.deepcopy(dict(self.output))} if self.output is not None else {}),
         }
 
 
@@ -294,6 +300,13 @@ def check_spec(spec: ToolSpec) -> None:
         raise RegistrationRefused(
             name, "parameters", f"the parameter schema is not valid JSON Schema 2020-12: {exc.message}"
         ) from exc
+    if spec.output is not None:
+        try:
+            Draft202012Validator.check_schema(dict(spec.output))
+        except SchemaError as exc:
+            raise RegistrationRefused(
+                name, "output", f"the output post-condition is not valid JSON Schema 2020-12: {exc.message}"
+            ) from exc
     if spec.is_pivot:
         if spec.compensator is not None:
             raise RegistrationRefused(
@@ -334,7 +347,7 @@ def check_spec(spec: ToolSpec) -> None:
 # --- the catalog ---------------------------------------------------------------------------------
 
 _REQUIRED_KEYS = ("name", "gatewayTool", "operation", "reversibility", "domain", "parameters")
-_OPTIONAL_KEYS = ("idempotent", "probe", "outbound", "cost", "compensator", "verifiers")
+_OPTIONAL_KEYS = ("idempotent", "probe", "outbound", "cost", "compensator", "verifiers", "output")
 
 
 def _cost_from_json(label: str, raw: Any, what: str) -> Cost:
@@ -428,7 +441,14 @@ def _spec_from_json(index: int, entry: Any) -> ToolSpec:
         parameters=entry["parameters"],
         compensator=compensator,
         verifiers=tuple(verifiers),
+        output=_output_schema(label, entry.get("output")),
     )
+
+
+def _output_schema(label: str, raw: Any) -> Mapping[str, Any] | None:
+    if raw is not None and not isinstance(raw, dict):
+        raise RegistrationRefused(label, "output", f"output must be a JSON Schema object, got {raw!r}")
+    return raw
 
 
 class ToolCatalog:
@@ -521,6 +541,17 @@ def validate_parameters(spec: ToolSpec, params: Any) -> tuple[str, ...]:
         where = "/".join(str(part) for part in error.absolute_path) or "(root)"
         problems.append(f"{spec.name} parameters at {where}: {error.message}")
     return tuple(problems)
+
+
+def check_postcondition(spec: ToolSpec, output: Any) -> tuple[str, ...]:
+    """Problems of a committed action's output against the tool's post-condition (SAGA-1)."""
+    if spec.output is None:
+        return ()
+    validator = Draft202012Validator(dict(spec.output))
+    return tuple(
+        f"{spec.name} output at {'/'.join(str(p) for p in error.absolute_path) or '(root)'}: {error.message}"
+        for error in validator.iter_errors(output)
+    )
 
 
 _MISSING = object()
