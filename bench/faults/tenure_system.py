@@ -8,6 +8,7 @@ is what a host failure does to one of Tenure's own processes, followed by what a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -123,10 +124,8 @@ class TenureProcesses:
         serving again (HTTP health for the HTTP services, process start for the processors)."""
         child = self._children[name]
         started = time.monotonic()
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(child.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         child.process.wait(10)
         self._spawn(name)
         child.restarts.append(time.time())
@@ -150,10 +149,8 @@ class TenureProcesses:
                     os.killpg(child.process.pid, signal.SIGTERM)
                     child.process.wait(15)
                 except (ProcessLookupError, subprocess.TimeoutExpired):
-                    try:
+                    with contextlib.suppress(ProcessLookupError):
                         os.killpg(child.process.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
                     child.process.wait(10)
 
     def __enter__(self) -> TenureProcesses:

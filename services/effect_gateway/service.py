@@ -7,7 +7,9 @@ Protocol for one effect (numbered, because a crash can cut it anywhere):
      even if this gateway has not yet seen the takeover. Nothing is sent before this is durable.
   3. If an intent for this idempotency key already existed, reconcile first: probe the tool.
   4. Dispatch with the idempotency key and the epoch; the tool checks the epoch too.
-  5. On a timeout or a 5xx, probe with the same key before any re-dispatch (REC-6).
+  5. On a timeout or a 5xx, probe with the same key before any re-dispatch (REC-6): found means
+     committed; absent after a 5xx answer means that answer was a definite failure; absent after
+     no answer means one more dispatch with the same key; still nothing means "unknown".
   6. Record the outcome (committed / failed / unknown) through the coordinator.
 """
 
@@ -215,9 +217,18 @@ class Gateway:
                 break
             except ToolUnreachable as exc:
                 log.warning("dispatch of %s failed (%s); probing before any retry", effect_id, exc)
-                reconciled = await self._probe_after_failure(request, effect_id)  # step 5
-                if reconciled is not None:
-                    return reconciled
+                try:
+                    probe: ToolAnswer | None = await self._tools.probe(request.tool, request.idempotency_key)
+                except ToolUnreachable:
+                    probe = None
+                if probe is not None and probe.status == 200:  # step 5: it happened after all
+                    await self._record_outcome(request, effect_id, "committed", "found by probe")
+                    return EffectResult(effect_id, "committed", probe.status, probe.body, reconciled=True)
+                if probe is not None and probe.status == 404 and exc.answer is not None:
+                    # The tool answered with its own error and the probe shows nothing happened:
+                    # a definite failure with the tool's problem, not an ambiguity.
+                    answer = exc.answer
+                    break
                 if attempt == 2:
                     await self._record_outcome(request, effect_id, "unknown", str(exc))
                     raise EffectRefused(
@@ -249,12 +260,6 @@ class Gateway:
             toolStatus=answer.status,
             toolResponse=answer.body,
         )
-
-    async def _probe_after_failure(self, request: EffectRequest, effect_id: str) -> EffectResult | None:
-        try:
-            return await self._reconcile(request, effect_id)
-        except EffectRefused:
-            return None
 
     async def _record_outcome(
         self, request: EffectRequest, effect_id: str, outcome: str, detail: str

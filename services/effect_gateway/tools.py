@@ -16,7 +16,14 @@ __all__ = ["ToolAnswer", "ToolRegistry", "ToolUnreachable"]
 
 
 class ToolUnreachable(Exception):
-    """No answer: the effect may or may not have happened."""
+    """No usable answer: the effect may or may not have happened.
+
+    `answer` is the tool's own 5xx answer when there was one: once a probe shows the effect did
+    not happen, that answer is a definite failure with the tool's problem type."""
+
+    def __init__(self, message: str, answer: ToolAnswer | None = None) -> None:
+        super().__init__(message)
+        self.answer = answer
 
 
 @dataclass(frozen=True)
@@ -72,7 +79,9 @@ class ToolRegistry:
         except httpx.HTTPError as exc:
             raise ToolUnreachable(f"{tool}: {type(exc).__name__}: {exc}") from exc
         if response.status_code >= 500:
-            raise ToolUnreachable(f"{tool} answered {response.status_code}")
+            raise ToolUnreachable(
+                f"{tool} answered {response.status_code}", ToolAnswer(response.status_code, _json(response))
+            )
         return ToolAnswer(response.status_code, _json(response))
 
     async def probe(self, tool: str, idempotency_key: str) -> ToolAnswer:

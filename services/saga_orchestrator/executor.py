@@ -259,6 +259,17 @@ class SagaExecutor:
         )
 
     def _compensate(self, work: RunCompensator) -> RecordCompensationOutcome:
+        if not work.operation:
+            # No compensator could be bound from the step's output: only a human can undo it.
+            return RecordCompensationOutcome(
+                **self._header(work.run_id, derived_id("cmd", work.key, "unbound")),
+                step_index=work.step_index,
+                attempt=work.attempt,
+                outcome="fatal",
+                error_kind="compensator-unbound",
+                error_message="no compensator was bound from this step's output",
+                lease_epoch=work.epoch,
+            )
         status, body = self._effect(
             work.run_id,
             work.attempt_id,

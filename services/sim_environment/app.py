@@ -10,8 +10,11 @@ Contract (errors are RFC 9457 ``application/problem+json`` with ``type`` ``/prob
   ``compile-error``; 404 ``not-found``; armed faults answer what they were armed with. A missing
   or malformed header is a 400, a body of the wrong shape a 422 ``invalid-request``.
 - ``GET /effects/{key}``: the probe (REC-6): 200 with exactly the stored success body, or 404.
-- ``POST /faults`` (201, the armed fault), ``GET /faults``, ``DELETE /faults``.
-- ``GET /audit`` (the world's state, see ``World.audit``), ``POST /reset`` (a fresh world),
+- ``POST /faults`` (201, the armed fault; ``workId`` limits it to one work's requests; kind
+  ``corrupt-answer`` applies the effect and answers 200 with a malformed JSON body), ``GET
+  /faults``, ``DELETE /faults``.
+- ``GET /audit[?workId=...]`` (the world's state, or one work's, see ``World.audit``; with its
+  semantic duplicates), ``POST /reset`` (a fresh world),
   ``POST /verifiers/{name}`` ({payload, workId?} -> {ok, detail}), ``GET /problems/{kind}``,
   ``GET /healthz``.
 """
@@ -24,9 +27,9 @@ import threading
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from fastapi import Body, FastAPI, Header, Request
+from fastapi import Body, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -89,7 +92,7 @@ class FaultSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 
     operation: str
-    kind: Literal["error", "timeout-after-commit", "timeout-before-commit"]
+    kind: Literal["error", "timeout-after-commit", "timeout-before-commit", "corrupt-answer"]
     times: int = Field(1, ge=1, le=1000)
     status: int | None = Field(None, ge=400, le=599)
     problem: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9-]{0,63}$")
@@ -98,6 +101,7 @@ class FaultSpec(BaseModel):
     delay_s: float = Field(10.0, ge=0.0, le=600.0, alias="delayS")
     match: dict[str, Any] = Field(default_factory=dict)
     extensions: dict[str, Any] = Field(default_factory=dict)
+    work_id: str | None = Field(None, alias="workId", min_length=1, max_length=MAX_ID_LENGTH)
 
     @model_validator(mode="after")
     def _consistent(self) -> FaultSpec:
@@ -123,6 +127,7 @@ class FaultSpec(BaseModel):
             delay_s=self.delay_s,
             match=self.match,
             extensions=self.extensions,
+            work_id=self.work_id,
         )
 
 
@@ -174,7 +179,9 @@ def _effect_body(body: Any) -> tuple[str, dict[str, Any]]:
     return operation, payload
 
 
-def _render(answer: Answer, instance: str) -> JSONResponse:
+def _render(answer: Answer, instance: str) -> Response:
+    if answer.raw_body is not None:  # a malformed answer, on purpose (fault "corrupt-answer")
+        return Response(answer.raw_body, status_code=answer.status, media_type="application/json")
     if answer.ok:
         headers = {REPLAY_HEADER: "true"} if answer.replay else None
         return JSONResponse(answer.body, status_code=answer.status, headers=headers)
@@ -231,7 +238,7 @@ def create_app(world_factory: Callable[[], World] | None = None, *, time_scale: 
         idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
         work_id: Annotated[str | None, Header(alias="X-Work-Id")] = None,
         fencing_epoch: Annotated[str | None, Header(alias="X-Fencing-Epoch")] = None,
-    ) -> JSONResponse:
+    ) -> Response:
         key = _identifier(idempotency_key, "Idempotency-Key", "idempotency-key-required")
         work = _identifier(work_id, "X-Work-Id", "work-id-required")
         epoch = _epoch(fencing_epoch)
@@ -276,9 +283,9 @@ def create_app(world_factory: Callable[[], World] | None = None, *, time_scale: 
             return {"cleared": holder.world.clear_faults()}
 
     @app.get("/audit")
-    async def audit() -> dict[str, Any]:
+    async def audit(work_id: Annotated[str | None, Query(alias="workId")] = None) -> dict[str, Any]:
         with holder.lock:
-            return holder.world.audit()
+            return holder.world.audit(work_id)
 
     @app.post("/reset")
     async def reset() -> dict[str, Any]:

@@ -14,10 +14,17 @@ sleeping that an :class:`Answer`'s ``delay_s`` asks for. Rules of :meth:`World.p
 2. Fencing. An epoch below the highest this work id presented is a 409 ``stale-epoch`` and
    changes nothing; otherwise the epoch becomes the work id's bar, even if the request then
    fails: it proved a newer holder exists.
-3. Armed faults for the operation, first matching one first (see :class:`Fault`).
+3. Armed faults for the operation, first matching one first (see :class:`Fault`); a fault armed
+   for a work id fires only for that work's requests, so concurrent runs never take each other's.
 4. The operation: payload schema, preconditions, then the effect. An effect applied under a key
    whose answer was lost or turned into an error (a partial output) is never applied again: a
    retry under the same key adopts it. That keeps ``applied`` at most 1 per key.
+
+The audit also finds *semantic* duplicates: the same (work id, operation, payload) that changed
+the world more than once under different keys, which is what a client retrying with a fresh key
+after a lost answer does (the fault-injection benchmark counts them as duplicated effects). A
+repeat that changes nothing (releasing a released resource, republishing the same DNS record)
+is not an effect and is not counted.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from typing import Any, Literal
 from jsonschema import Draft202012Validator
 
 __all__ = [
+    "FAULT_KINDS",
     "OPERATIONS",
     "PROBLEM_KINDS",
     "Answer",
@@ -66,7 +74,13 @@ PROBLEM_KINDS: dict[str, tuple[int, str]] = {
 }
 
 Role = Literal["create", "release"]
-FaultKind = Literal["error", "timeout-after-commit", "timeout-before-commit"]
+FaultKind = Literal["error", "timeout-after-commit", "timeout-before-commit", "corrupt-answer"]
+FAULT_KINDS: tuple[FaultKind, ...] = (
+    "error",
+    "timeout-after-commit",
+    "timeout-before-commit",
+    "corrupt-answer",
+)
 
 
 def canonical_json(value: Any) -> str:
@@ -176,6 +190,8 @@ class Answer:
     body: dict[str, Any]
     delay_s: float = 0.0
     replay: bool = False
+    # Sent instead of ``body`` when set: a malformed answer (fault "corrupt-answer").
+    raw_body: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -191,7 +207,10 @@ class Fault:
       ``"partialOutput": <output>``; no success is stored, so the probe says 404.
     - ``timeout-after-commit``: apply the effect, store the success, answer it ``delay_s`` late.
     - ``timeout-before-commit``: apply nothing, answer 503 ``unavailable`` ``delay_s`` late.
-    ``match``: payload values that must all be equal for the fault to fire."""
+    - ``corrupt-answer``: apply the effect and store its success (the probe answers the true
+      body), but answer 200 with a truncated, unparseable JSON body.
+    ``match``: payload values that must all be equal for the fault to fire; ``work_id``: when set,
+    only requests with that ``X-Work-Id`` fire it."""
 
     operation: str
     kind: FaultKind
@@ -203,9 +222,12 @@ class Fault:
     delay_s: float = 10.0
     match: Mapping[str, Any] = field(default_factory=dict)
     extensions: Mapping[str, Any] = field(default_factory=dict)
+    work_id: str | None = None
 
-    def matches(self, operation: str, payload: Mapping[str, Any]) -> bool:
+    def matches(self, operation: str, payload: Mapping[str, Any], work_id: str | None = None) -> bool:
         if operation != self.operation:
+            return False
+        if self.work_id is not None and work_id != self.work_id:
             return False
         return all(name in payload and payload[name] == value for name, value in self.match.items())
 
@@ -221,6 +243,7 @@ class Fault:
             "delayS": self.delay_s,
             "match": dict(self.match),
             "extensions": dict(self.extensions),
+            "workId": self.work_id,
         }
 
 
@@ -280,6 +303,9 @@ class EffectRecord:
     payload_json: str
     requests: int = 0
     applied: int = 0
+    # The application changed the world (a new resource, a live one released); a repeat that
+    # found its work already done (a second release, the same DNS record again) did not.
+    effective: bool = False
     output: dict[str, Any] | None = None  # set once the effect is applied, answered or not
     success_body: dict[str, Any] | None = None  # set once a success was answered: what the probe sees
 
@@ -362,7 +388,7 @@ class World:
             )
         self._epochs[work_id] = max(epoch, highest or 0)
         delay = spec.nominal_ms / 1000 * self.time_scale
-        fault = self._take_fault(operation, payload)
+        fault = self._take_fault(operation, payload, work_id)
         if fault is None:
             return self._execute(record, spec, payload, delay, answer_success=True)
         if fault.kind == "timeout-before-commit":
@@ -371,6 +397,12 @@ class World:
         if fault.kind == "timeout-after-commit":
             answer = self._execute(record, spec, payload, delay, answer_success=True)
             return replace(answer, delay_s=answer.delay_s + fault.delay_s)
+        if fault.kind == "corrupt-answer":
+            answer = self._execute(record, spec, payload, delay, answer_success=True)
+            if not answer.ok:
+                return answer
+            whole = canonical_json(answer.body)
+            return replace(answer, raw_body=whole[: max(1, len(whole) // 2)])
         detail = fault.detail or f"injected {fault.problem} fault on {operation}"
         if not fault.partial_output:
             body = problem(fault.problem, detail, fault.status, **fault.extensions)
@@ -439,6 +471,7 @@ class World:
             existing = self.dns_record(str(payload["name"]))
             if existing is not None:  # the same work publishing the same name again: nothing new
                 return {"recordId": existing.resource_id}
+        record.effective = True
         self._resources[resource_id] = Resource(
             spec.resource_kind,
             resource_id,
@@ -469,6 +502,7 @@ class World:
         already_released = not resource.alive
         if resource.alive:  # a second release (under another key) is a success that changes nothing
             resource.alive, resource.released_by_key = False, record.key
+            record.effective = True
         return {spec.id_field: resource_id, spec.released_flag: True, "alreadyReleased": already_released}
 
     def live_resource(self, kind: str, resource_id: str) -> Resource | None:
@@ -502,9 +536,9 @@ class World:
     def faults(self) -> list[dict[str, Any]]:
         return [armed.to_json() for armed in self._faults]
 
-    def _take_fault(self, operation: str, payload: Mapping[str, Any]) -> Fault | None:
+    def _take_fault(self, operation: str, payload: Mapping[str, Any], work_id: str) -> Fault | None:
         for armed in self._faults:
-            if armed.fault.matches(operation, payload):
+            if armed.fault.matches(operation, payload, work_id):
                 armed.remaining -= 1
                 armed.fired += 1
                 if armed.remaining == 0:
@@ -524,26 +558,55 @@ class World:
     def highest_epoch(self, work_id: str) -> int | None:
         return self._epochs.get(work_id)
 
-    def audit(self) -> dict[str, Any]:
+    def semantic_duplicates(self, work_id: str | None = None) -> list[dict[str, Any]]:
+        """(work id, operation, payload) groups that changed the world more than once, under any
+        keys: the duplicated effects of a client that retried with a fresh key (oldest first)."""
+        groups: dict[tuple[str, str, str], list[EffectRecord]] = {}
+        for record in self._effects.values():
+            if record.effective and (work_id is None or record.work_id == work_id):
+                groups.setdefault((record.work_id, record.operation, record.payload_json), []).append(record)
+        return [
+            {
+                "workId": work,
+                "operation": operation,
+                "payload": json.loads(payload_json),
+                "keys": [record.key for record in records],
+                "applied": len(records),
+            }
+            for (work, operation, payload_json), records in groups.items()
+            if len(records) > 1
+        ]
+
+    def audit(self, work_id: str | None = None) -> dict[str, Any]:
         """The world's state for assertions (SAGA-4: back to start after an unwind).
 
         ``live``: compensable resources still in place; ``released``: the compensated ones;
         ``permanent``: DNS records and sent messages (a pivot's effect is not an orphan);
         ``effects``: per key, requests received and times applied; ``duplicates``: keys applied
-        more than once (always empty unless this world is broken); ``orphans``: live resources
-        whose creating request never answered success, so only a ``partialOutput`` told of them."""
-        resources = list(self._resources.values())
+        more than once (always empty unless this world is broken); ``semanticDuplicates``: see
+        :meth:`semantic_duplicates`; ``orphans``: live resources whose creating request never
+        answered success, so only a ``partialOutput`` told of them. With ``work_id`` everything is
+        limited to that work's resources, effects, epoch and armed faults."""
+
+        def mine(owner: str | None) -> bool:
+            return work_id is None or owner == work_id
+
+        resources = [r for r in self._resources.values() if mine(r.work_id)]
+        effects = [record for record in self._effects.values() if mine(record.work_id)]
         live = [r for r in resources if r.alive and not r.permanent]
         audit: dict[str, Any] = {
             "live": [r.to_json() for r in live],
             "released": [r.to_json() for r in resources if not r.alive],
             "permanent": [r.to_json() for r in resources if r.permanent],
-            "effects": [record.to_json() for record in self._effects.values()],
-            "duplicates": [record.key for record in self._effects.values() if record.applied > 1],
+            "effects": [record.to_json() for record in effects],
+            "duplicates": [record.key for record in effects if record.applied > 1],
+            "semanticDuplicates": self.semantic_duplicates(work_id),
             "orphans": [r.to_json() for r in live if self._effects[r.created_by_key].success_body is None],
-            "epochs": dict(self._epochs),
-            "faults": self.faults(),
+            "epochs": {work: epoch for work, epoch in self._epochs.items() if mine(work)},
+            "faults": [armed.to_json() for armed in self._faults if mine(armed.fault.work_id)],
         }
+        if work_id is not None:
+            audit["workId"] = work_id
         audit["backToStart"] = is_back_to_start(audit)
         return audit
 
@@ -558,8 +621,13 @@ def _check_compile(world: World, record: EffectRecord, payload: Mapping[str, Any
     _needs_live_vm(world, record, payload)
     source = str(payload["source"])
     if "syntax-error" in source:
-        line = source[: source.index("syntax-error")].count("\n") + 1
-        raise _Refused(problem("compile-error", f"syntax error at line {line}", line=line))
+        at = source.index("syntax-error")
+        line = source[:at].count("\n") + 1
+        # What follows the marker on its line names the mistake, so two different mistakes read
+        # differently (REC-5 tells a new error from a repeated one by its text).
+        what = source[at + len("syntax-error") :].split("\n", 1)[0].strip(" :")
+        detail = f"syntax error at line {line}" + (f": {what}" if what else "")
+        raise _Refused(problem("compile-error", detail, line=line))
 
 
 def _check_dns(world: World, record: EffectRecord, payload: Mapping[str, Any]) -> None:

@@ -689,3 +689,121 @@ def test_main_reads_its_configuration_from_the_environment() -> None:
     for bad_scale in ("-1", "nan", "inf", "fast"):
         with pytest.raises(SimConfigError):
             time_scale({"TENURE_SIM_TIME_SCALE": bad_scale})
+
+
+# --------------------------------------------------------------------------- for the fault scoreboard (DUR-3)
+
+
+def test_a_fault_armed_for_a_work_id_fires_only_for_that_works_requests_dur3() -> None:
+    world = World()
+    world.arm(Fault("vm.provision", "error", problem="exhausted", work_id="run-b"))
+    assert _do(world, "a1", "vm.provision", {"name": "web"}, work="run-a").status == 200
+    assert world.faults()[0]["workId"] == "run-b" and world.faults()[0]["remaining"] == 1
+    failed = _do(world, "b1", "vm.provision", {"name": "web"}, work="run-b")
+    assert (failed.status, failed.body["type"]) == (507, "/problems/exhausted")
+    assert world.faults() == []
+
+
+def test_a_corrupt_answer_applies_the_effect_and_the_probe_has_the_true_body_dur3() -> None:
+    world = World()
+    world.arm(Fault("vm.provision", "corrupt-answer"))
+    answer = _do(world, "k1", "vm.provision", {"name": "web"})
+    assert answer.status == 200 and answer.raw_body is not None
+    with pytest.raises(ValueError):
+        json.loads(answer.raw_body)
+    stored = world.probe("k1")
+    assert stored is not None and stored["output"]["vmId"].startswith("vm-")
+    whole = json.dumps(stored, sort_keys=True, separators=(",", ":"))
+    assert len(answer.raw_body) < len(whole) and whole.startswith(answer.raw_body)
+    retry = _do(world, "k1", "vm.provision", {"name": "web"})  # the same key: the true body, no new VM
+    assert retry.replay and retry.body == stored and retry.raw_body is None
+    assert len(world.audit()["live"]) == 1
+
+
+def test_a_corrupt_answer_fault_on_a_refused_request_answers_the_refusal() -> None:
+    world = World()
+    world.arm(Fault("sandbox.compile", "corrupt-answer"))
+    answer = _do(world, "k1", "sandbox.compile", {"vmId": "vm-none", "source": "x"})
+    assert answer.status == 404 and answer.raw_body is None
+
+
+def test_semantic_duplicates_are_the_same_effect_applied_under_several_keys_dur3() -> None:
+    world = World()
+    vm = _ok(_do(world, "k1", "vm.provision", {"name": "web"}))["vmId"]
+    _do(world, "k2", "vm.provision", {"name": "web"})  # a naive retry with a fresh key: a second VM
+    _do(world, "k3", "vm.provision", {"name": "web"}, work="run-2")  # another work: not a duplicate
+    _do(world, "r1", "vm.terminate", {"vmId": vm})
+    _do(world, "r2", "vm.terminate", {"vmId": vm})  # changes nothing: not an effect
+    _do(world, "d1", "dns.publish", {"name": "a.example", "address": "10.0.0.1"})
+    _do(world, "d2", "dns.publish", {"name": "a.example", "address": "10.0.0.1"})  # the same record
+    assert world.audit()["duplicates"] == []  # no key was applied twice
+    assert world.audit()["semanticDuplicates"] == [
+        {
+            "workId": WORK,
+            "operation": "vm.provision",
+            "payload": {"name": "web"},
+            "keys": ["k1", "k2"],
+            "applied": 2,
+        }
+    ]
+
+
+def test_the_audit_can_be_limited_to_one_work_id_dur3() -> None:
+    world = World()
+    _do(world, "a1", "vm.provision", {"name": "web"}, work="run-a", epoch=2)
+    _do(world, "b1", "vm.provision", {"name": "web"}, work="run-b")
+    _do(world, "b2", "vm.provision", {"name": "web"}, work="run-b")
+    world.arm(Fault("ip.reserve", "error", work_id="run-a"))
+    world.arm(Fault("ip.reserve", "error", work_id="run-b"))
+    mine = world.audit("run-a")
+    assert mine["workId"] == "run-a"
+    assert [r["workId"] for r in mine["live"]] == ["run-a"]
+    assert [e["key"] for e in mine["effects"]] == ["a1"]
+    assert mine["epochs"] == {"run-a": 2} and [f["workId"] for f in mine["faults"]] == ["run-a"]
+    assert mine["semanticDuplicates"] == [] and not mine["backToStart"]
+    theirs = world.audit("run-b")
+    assert len(theirs["live"]) == 2 and theirs["semanticDuplicates"][0]["keys"] == ["b1", "b2"]
+    assert world.audit("run-none")["live"] == [] and world.audit("run-none")["backToStart"]
+    assert len(world.audit()["live"]) == 3
+
+
+def test_a_compile_error_names_the_mistake_so_two_mistakes_read_differently_rec5() -> None:
+    world = World()
+    vm = _ok(_do(world, "k1", "vm.provision", {"name": "web"}))["vmId"]
+    first = _do(world, "k2", "sandbox.compile", {"vmId": vm, "source": "a\nsyntax-error: wrong-type\nb"})
+    second = _do(world, "k3", "sandbox.compile", {"vmId": vm, "source": "a\nsyntax-error: typo"})
+    assert first.body["detail"] == "syntax error at line 2: wrong-type"
+    assert second.body["detail"] == "syntax error at line 2: typo"
+
+
+def test_http_work_scoped_and_corrupt_answer_faults_and_the_filtered_audit_dur3(client: TestClient) -> None:
+    armed = client.post(
+        "/faults", json={"operation": "vm.provision", "kind": "corrupt-answer", "workId": "run-x"}
+    )
+    assert armed.status_code == 201 and armed.json()["workId"] == "run-x"
+    body = {"operation": "vm.provision", "payload": {"name": "web"}}
+    plain = client.post("/effects", json=body, headers=_headers("k1", work="run-y"))
+    assert plain.status_code == 200 and plain.json()["output"]["vmId"]
+    corrupt = client.post("/effects", json=body, headers=_headers("k2", work="run-x"))
+    assert corrupt.status_code == 200 and corrupt.headers["content-type"] == "application/json"
+    with pytest.raises(ValueError):
+        corrupt.json()
+    probe = client.get("/effects/k2")
+    assert probe.status_code == 200 and probe.json()["output"]["vmId"].startswith("vm-")
+    audit = client.get("/audit", params={"workId": "run-x"}).json()
+    assert [r["createdByKey"] for r in audit["live"]] == ["k2"] and audit["workId"] == "run-x"
+    assert len(client.get("/audit").json()["live"]) == 2
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        {"operation": "vm.provision", "kind": "corrupt-answer", "status": 500},
+        {"operation": "vm.provision", "kind": "corrupt-answer", "problem": "exhausted"},
+        {"operation": "vm.provision", "kind": "error", "workId": ""},
+        {"operation": "vm.provision", "kind": "error", "workId": 7},
+    ],
+)
+def test_http_invalid_scoreboard_faults_are_refused(client: TestClient, fault: dict[str, Any]) -> None:
+    refused = client.post("/faults", json=fault)
+    assert refused.status_code == 422 and refused.json()["type"] == "/problems/invalid-fault"

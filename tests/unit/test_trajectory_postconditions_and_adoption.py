@@ -90,8 +90,10 @@ def test_an_output_that_breaks_the_post_condition_is_a_failure_with_effects_saga
     failed = next(e for e in events if isinstance(e, StepFailed))
     assert failed.error_kind == "postcondition-failed" and "vmId" in failed.error_message
     assert json.loads(failed.compensation)["params"] == {"vmId": "not-a-vm-id"}
-    assert state.stack == (0,)  # its own compensator runs first on an unwind
-    assert state.status is TrajectoryStatus.AWAITING_REPAIR  # semantic: a repair candidate
+    assert state.stack == (0,)  # its own compensator runs first on the unwind
+    # A semantic error would be a repair candidate, but a repair in place would cover the effect
+    # already made: with effects left behind, D rolls back (SAGA-3).
+    assert state.status is TrajectoryStatus.UNWINDING
 
 
 def test_a_valid_output_commits_and_pushes_the_bound_compensator() -> None:

@@ -193,6 +193,13 @@ def _propose(em: Emitter, command: ProposeStep) -> Rejection | None:
             return Rejection(
                 "NOT_AWAITING_REPAIR", f"step {command.repair_of} is not awaiting a repair", state
             )
+        if failed.index in state.stack:
+            return Rejection(
+                "PARTIAL_EFFECTS",
+                f"step {failed.index} left effects that must be compensated first; it cannot be repaired "
+                "in place (SAGA-3)",
+                state,
+            )
         if failed.tool != command.tool:
             return Rejection(
                 "REPAIR_TOOL_MISMATCH", f"a repair of step {failed.index} must use {failed.tool}", state
@@ -349,6 +356,8 @@ def _gate(em: Emitter, command: RecordPivotGate) -> Rejection | None:
     step = state.step(command.step_index)
     if step is None or step.status is not S.AWAITING_GATE or step.gate_verdict:
         return None
+    if state.status not in (T.FORWARD, T.AWAITING_APPROVAL):
+        return None  # the trajectory moved on (aborted, frozen) while the gate was evaluated
     try:
         checks = json.loads(command.checks)
     except ValueError:
@@ -391,10 +400,14 @@ def _gate(em: Emitter, command: RecordPivotGate) -> Rejection | None:
 def _approve(em: Emitter, command: ApprovePivot) -> Rejection | None:
     state = em.state
     step = state.step(command.step_index)
-    if step is None or step.index != state.pivot_step or step.status is not S.AWAITING_GATE:
+    pending = step is not None and step.index == state.pivot_step and step.status is S.AWAITING_GATE
+    if not pending or state.status not in (T.FORWARD, T.AWAITING_APPROVAL):
         return Rejection(
-            "NO_PIVOT_PENDING", f"step {command.step_index} is not a pivot awaiting its gate", state
+            "NO_PIVOT_PENDING",
+            f"step {command.step_index} is not a pivot awaiting its gate (trajectory {state.status.value})",
+            state,
         )
+    assert step is not None
     if command.decision not in ("approve", "refuse"):
         return Rejection("INVALID_COMMAND", "decision must be approve or refuse", state)
     em.emit(

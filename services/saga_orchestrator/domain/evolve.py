@@ -106,8 +106,16 @@ def _apply(state: TrajectoryState, event: TrajectoryEvent) -> TrajectoryState:
         changes: dict[str, object] = {"output": event.output, "compensation": event.compensation}
         state = _step(state, event.step_index, S.COMMITTED, **changes)
         is_the_pivot = event.step_index == state.pivot_step
-        if event.compensation and not is_the_pivot:
+        if not is_the_pivot and not state.pivot_committed and event.step_index not in state.stack:
+            # On the stack even when no compensator could be bound from the output: the effect is
+            # there, and an unwind that reaches it must stop for a human, not skip it.
             state = replace(state, stack=(*state.stack, event.step_index))
+        if state.status is T.FROZEN:
+            # A late report of work done before the freeze: recorded, but only an operator thaws
+            # the trajectory; it resumes past the pivot if the pivot is what committed (REC-7).
+            if is_the_pivot and state.incident is not None:
+                state = replace(state, incident=replace(state.incident, resume_to=T.POST_PIVOT))
+            return state
         if is_the_pivot:
             state = _status(state, T.POST_PIVOT)
         elif state.status is T.AWAITING_REPAIR:
@@ -130,8 +138,9 @@ def _apply(state: TrajectoryState, event: TrajectoryEvent) -> TrajectoryState:
             compensation=event.compensation,
             output=event.partial_output,
         )
-        if event.compensation:
-            # Partial effects: this step's own compensator runs first on unwind (SAGA-3).
+        if event.compensation and not state.pivot_committed and event.step_index not in state.stack:
+            # Partial effects: this step's own compensator runs first on unwind (SAGA-3). After
+            # the pivot the stack is retired: the incident lists them instead.
             state = replace(state, stack=(*state.stack, event.step_index))
         return state
     if isinstance(event, RecoveryDecided):
@@ -252,7 +261,9 @@ def _resolved(state: TrajectoryState, event: IncidentResolved) -> TrajectoryStat
         resume_to = incident.resume_to
         failed = state.step(incident.failed_step)
         if failed is not None and failed.status is S.FAILED and resume_to in (T.FORWARD, T.POST_PIVOT):
-            resume_to = T.AWAITING_REPAIR  # the runner retries or repairs the failed step
+            # Effects left by the failed step are undone before anything else (SAGA-3); otherwise
+            # the runner retries or repairs it.
+            resume_to = T.UNWINDING if failed.index in state.stack else T.AWAITING_REPAIR
         return _status(state, resume_to)
     if event.resolution == "compensated-manually":
         for index in reversed(state.stack):

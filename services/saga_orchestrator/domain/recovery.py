@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 from typing import Any
 
 from services.common.contracts import (
@@ -26,6 +27,7 @@ from services.saga_orchestrator.domain.lifecycle import StepStatus, TrajectorySt
 from services.saga_orchestrator.domain.policy import (
     Budget,
     FailureContext,
+    Gate,
     RecoveryAction,
     StepError,
     classify,
@@ -71,11 +73,12 @@ def record_commit(em: Emitter, step: StepState, output: str, reconciled: bool) -
     that failed with effects: its compensator is bound from that output and runs first on unwind,
     and policy D decides what follows (it is a semantic error: a repair candidate)."""
     spec = em.context.catalog.get(step.tool)
+    frozen = em.state.status is TrajectoryStatus.FROZEN
     try:
         problems = check_postcondition(spec, json.loads(output or "{}"))
     except ValueError:
         problems = ("the output is not JSON",)
-    if problems:
+    if problems and not frozen:
         handle_failure(
             em,
             step,
@@ -105,12 +108,13 @@ def record_commit(em: Emitter, step: StepState, output: str, reconciled: bool) -
             output=output,
             compensation="",
             reconciled=reconciled,
-            stack_depth=len(em.state.stack),
+            stack_depth=len(em.state.stack) + 1,
         )
-        freeze(em, "COMPENSATOR_UNBOUND", step.index, {"kind": "binding-failed", "message": str(exc)})
+        if not frozen:
+            freeze(em, "COMPENSATOR_UNBOUND", step.index, {"kind": "binding-failed", "message": str(exc)})
         return
     is_the_pivot = step.index == em.state.pivot_step
-    depth = len(em.state.stack) + (1 if compensation and not is_the_pivot else 0)
+    depth = len(em.state.stack) + (0 if is_the_pivot or em.state.pivot_committed else 1)
     em.emit(
         StepCommitted,
         step_index=step.index,
@@ -122,7 +126,7 @@ def record_commit(em: Emitter, step: StepState, output: str, reconciled: bool) -
     )
     if is_the_pivot:
         em.emit(CompensationStackRetired, pivot_step=step.index, retired_steps=em.state.stack)
-        _release_outbox(em)
+        _release_outbox(em)  # recorded now; dispatched once an operator resumes a frozen trajectory
 
 
 def _release_outbox(em: Emitter) -> None:
@@ -228,6 +232,18 @@ def handle_failure(
     )
     p, source, samples = em.context.stats.p_success(error.kind, em.context.policy)
     decision = decide_recovery(context, p, source, em.context.policy)
+    if partial and decision.action in (RecoveryAction.TRANSIENT_RETRY, RecoveryAction.FORWARD_REPAIR):
+        # SAGA-3: the failed dispatch left effects whose compensator is on the stack. A retry in
+        # place would commit a second effect over them, so they are undone first: roll back before
+        # the pivot (a re-run starts clean), escalate after it.
+        action = RecoveryAction.OPERATOR_ESCALATE if context.after_pivot else RecoveryAction.BACKWARD_ROLLBACK
+        decision = replace(
+            decision,
+            action=action,
+            gate=Gate.TAXONOMY,
+            reason=f"the failed dispatch left effects (partial output); {decision.action.name} in place "
+            f"would lose them, so {action.name} (SAGA-3)",
+        )
     inputs = dict(decision.inputs)
     inputs.setdefault("pSuccess", f"{p:.4f}")
     inputs.setdefault("pSource", f"{source} ({samples} samples)")
