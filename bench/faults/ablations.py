@@ -237,6 +237,10 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+# Re-runs after a clean rollback: the same number Tenure's runner allows (tenure_runner.MAX_RERUNS).
+MAX_RERUNS = 2
+
+
 def _wait_until(not_before_ms: int) -> None:
     delay = (not_before_ms - _now_ms()) / 1000
     if delay > 0:
@@ -255,24 +259,41 @@ class SagaMemoryRunner:
 
     def run(self, spec: TrajectorySpec, resume: bool, reporter: Reporter) -> None:
         # ``resume`` changes nothing: the saga's state was in the killed process's memory.
-        _MemorySaga(spec, self.context, self.sim, reporter).run()
+        # A clean rollback is run again, as Tenure's runner does (MAX_RERUNS): the same policy,
+        # so the two configurations differ only in durability (and reconciliation).
+        prepared: set[int] = set()
+        for rerun in range(MAX_RERUNS + 1):
+            saga = _MemorySaga(spec, self.context, self.sim, reporter, rerun=rerun, prepared=prepared)
+            if saga.run(last=rerun == MAX_RERUNS) != "aborted":
+                return
 
 
 class _MemorySaga:
     """One trajectory's saga, decided by the pure core and executed by direct calls."""
 
-    def __init__(self, spec: TrajectorySpec, context: SagaContext, sim: SimClient, reporter: Reporter):
+    def __init__(
+        self,
+        spec: TrajectorySpec,
+        context: SagaContext,
+        sim: SimClient,
+        reporter: Reporter,
+        *,
+        rerun: int = 0,
+        prepared: set[int] | None = None,
+    ):
         self.spec = spec
         self.context = context
         self.sim = sim
         self.reporter = reporter
+        self.rerun = rerun
         self.run_id = spec.work_id
-        self.attempt_id = f"{spec.trajectory_id}-i{reporter.incarnation}"
+        self.attempt_id = f"{spec.trajectory_id}-i{reporter.incarnation}-r{rerun}"
         self.state: TrajectoryState | None = None
         self.frozen: TrajectoryFrozen | None = None
         self.commands = 0
         self.vm_id: str | None = None
-        self.prepared: set[int] = set()
+        # Shared by the re-runs of one incarnation: a planned fault is injected once.
+        self.prepared: set[int] = prepared if prepared is not None else set()
         self.kills: dict[int, TurnFault] = {}
         self.work_items = 0
 
@@ -321,7 +342,9 @@ class _MemorySaga:
 
     # --- the trajectory --------------------------------------------------------------------------
 
-    def run(self) -> None:
+    def run(self, *, last: bool = True) -> str:
+        """Drive the trajectory; report it finished unless it was rolled back and may run again
+        (not ``last``). Returns the status reached."""
         refused = self._decide(
             StartTrajectory,
             attempt_id=self.attempt_id,
@@ -332,21 +355,24 @@ class _MemorySaga:
         )
         if refused is not None:
             self.reporter.finished("failed", {}, detail=f"start refused: {refused.code}: {refused.detail}")
-            return
+            return "failed"
         for step in self.spec.steps:
             ended = self._turn(step.turn)
             if ended is not None:
                 status, detail = ended
+                if status == "aborted" and not last:
+                    return status
                 incident = self._incident() if status == "escalated" else None
                 self.reporter.finished(status, self._committed(), incident=incident, detail=detail)
-                return
+                return status
         refused = self._decide(FinishTrajectory, attempt_id=self.attempt_id, lease_epoch=1)
         if refused is not None:
             self.reporter.finished(
                 "failed", self._committed(), detail=f"finish refused: {refused.code}: {refused.detail}"
             )
-            return
-        self.reporter.finished("completed", self._committed())
+            return "failed"
+        self.reporter.finished("completed", self._committed(), detail=f"rerun {self.rerun}")
+        return "completed"
 
     def _incident(self) -> dict[str, Any] | None:
         frozen = self.frozen
@@ -387,7 +413,9 @@ class _MemorySaga:
         repair_of = -1
         while True:
             if staged is None or repair_of >= 0:
-                proposal = propose(self.spec, turn, attempt, self.vm_id, malformed=malformed)
+                proposal = propose(
+                    self.spec, turn, attempt, self.vm_id, malformed=malformed, rerun=self.rerun
+                )
                 refused = self._decide(
                     ProposeStep,
                     attempt_id=self.attempt_id,

@@ -34,6 +34,8 @@ from services.common.ids import run_id_for
 __all__ = ["MAX_RERUNS", "TENANT", "TenureRunner"]
 
 TENANT = os.environ.get("TENURE_FAULTS_TENANT", "faults")
+# A clean rollback is run again as a new run (the retry), at most this often; the saga-in-memory
+# ablation (ablations.MAX_RERUNS) gets the same allowance.
 MAX_RERUNS = 2
 _POLL_S = 0.1
 _OPEN = ("awaiting-gate", "preparing", "pending", "dispatched")
