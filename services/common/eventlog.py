@@ -19,6 +19,10 @@ class EventLog(Protocol):
 
     def read(self, topic: str, partition: int, start_offset: int) -> Iterator[InboundRecord]: ...
 
+    def end_offset(self, topic: str, partition: int) -> int:
+        """Where a reader that read everything committed so far may resume (past the markers)."""
+        ...
+
 
 class KafkaEventLog:
     def __init__(self, bootstrap_servers: str, transactional_id: str) -> None:
@@ -30,6 +34,9 @@ class KafkaEventLog:
 
     def read(self, topic: str, partition: int, start_offset: int) -> Iterator[InboundRecord]:
         return self._reader.read(topic, partition, start_offset)
+
+    def end_offset(self, topic: str, partition: int) -> int:
+        return self._reader.end_offset(topic, partition)
 
     def close(self) -> None:
         self._writer.close()
@@ -65,3 +72,6 @@ class MemoryEventLog:
 
     def read(self, topic: str, partition: int, start_offset: int) -> Iterator[InboundRecord]:
         yield from list(self.topics.get((topic, partition), []))[start_offset:]
+
+    def end_offset(self, topic: str, partition: int) -> int:
+        return len(self.topics.get((topic, partition), []))

@@ -183,6 +183,11 @@ class RunCommandProcessor:
         applied = 0
         changes = _Changes()
         next_offset = self.checkpoint(partition)
+        # Where the log ends before reading: everything below it is read (records) or skipped
+        # (transaction markers), so the checkpoint may move there. Resuming at the last record
+        # + 1 instead would leave its commit marker to be fetched again on every restart.
+        events_end = self._log.end_offset(RUNS_EVENTS.name, partition)
+        rejections_end = self._log.end_offset(RUNS_REJECTIONS.name, partition)
         for record in self._log.read(RUNS_EVENTS.name, partition, next_offset):
             next_offset = record.offset + 1
             event = self._decode_logged(record)
@@ -203,8 +208,10 @@ class RunCommandProcessor:
             rejection = self._decode_logged(record)
             if isinstance(rejection, CommandRejected):
                 changes.rejected.add(rejection.causation_id)
-        changes.checkpoints[checkpoint_key(partition)] = next_offset
-        changes.checkpoints[checkpoint_key(partition, RUNS_REJECTIONS.name)] = next_rejection
+        changes.checkpoints[checkpoint_key(partition)] = max(next_offset, events_end)
+        changes.checkpoints[checkpoint_key(partition, RUNS_REJECTIONS.name)] = max(
+            next_rejection, rejections_end
+        )
         self._persist(changes)
         self._restored.add(partition)
         if applied or changes.rejected:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -57,6 +58,7 @@ from services.saga_orchestrator.state_codec import decode_state, encode_state
 __all__ = ["BatchOutcome", "TrajectoryProcessor", "repair_observation"]
 
 log = logging.getLogger("tenure.saga_orchestrator")
+_PROCESS_STARTED = time.time()
 _STATS_KEY = "stats/repairs"
 
 
@@ -123,9 +125,16 @@ class TrajectoryProcessor:
             self._assigned.clear()
 
     def restore_partitions(self, partitions: set[int]) -> dict[int, int]:
+        started = time.monotonic()
         with self._lock:
             self._assigned |= partitions
             restored = {p: self._restore(p) for p in sorted(partitions)}
+        log.info(
+            "partitions %s assigned and restored in %.3f s (%.3f s after the process started)",
+            sorted(partitions),
+            time.monotonic() - started,
+            time.time() - _PROCESS_STARTED,
+        )
         self._on_changed(self.active_states(partitions))
         return restored
 
@@ -137,6 +146,11 @@ class TrajectoryProcessor:
         changes = _Changes(stats=self.stats())
         frozen: list[tuple[TrajectoryFrozen, int]] = []
         next_offset = self._checkpoint(TRAJECTORIES_EVENTS.name, partition)
+        # Where the log ends before reading: everything below it is read (records) or skipped
+        # (transaction markers), so the checkpoint may move there. Resuming at the last record
+        # + 1 instead would leave its commit marker to be fetched again on every restart.
+        events_end = self._log.end_offset(TRAJECTORIES_EVENTS.name, partition)
+        rejections_end = self._log.end_offset(TRAJECTORIES_REJECTIONS.name, partition)
         applied = 0
         for record in self._log.read(TRAJECTORIES_EVENTS.name, partition, next_offset):
             next_offset = record.offset + 1
@@ -158,8 +172,12 @@ class TrajectoryProcessor:
                 changes.rejected.add(rejection.causation_id)
         if frozen:
             self._log.commit([self._incident(event, partition, offset) for event, offset in frozen])
-        changes.checkpoints[_checkpoint_key(TRAJECTORIES_EVENTS.name, partition)] = next_offset
-        changes.checkpoints[_checkpoint_key(TRAJECTORIES_REJECTIONS.name, partition)] = next_rejection
+        changes.checkpoints[_checkpoint_key(TRAJECTORIES_EVENTS.name, partition)] = max(
+            next_offset, events_end
+        )
+        changes.checkpoints[_checkpoint_key(TRAJECTORIES_REJECTIONS.name, partition)] = max(
+            next_rejection, rejections_end
+        )
         self._persist(changes)
         self._restored.add(partition)
         if applied:

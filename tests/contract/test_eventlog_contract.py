@@ -49,6 +49,16 @@ class EventLogContract:
         last = log.commit([OutboundRecord(self.topic, b"c", b"x", partition=3)])[(self.topic, 3)]
         assert list(log.read(self.topic, 3, last + 10)) == []
 
+    def test_end_offset_is_where_a_reader_that_read_everything_resumes_dur_1(self, log: EventLog) -> None:
+        """Restore moves its checkpoint to end_offset: nothing below it may still be unread."""
+        before = log.end_offset(self.topic, 0)
+        log.commit([OutboundRecord(self.topic, b"k", v, partition=0) for v in (b"v1", b"v2")])
+        end = log.end_offset(self.topic, 0)
+        values = [r.value for r in log.read(self.topic, 0, before)]
+        assert values == [b"v1", b"v2"]
+        assert end > before + 1
+        assert list(log.read(self.topic, 0, end)) == []
+
     def test_records_keep_their_key_and_headers(self, log: EventLog) -> None:
         log.commit([OutboundRecord(self.topic, b"key-1", b"v", (("h", b"1"),), partition=0)])
         record = list(log.read(self.topic, 0, 0))[-1]

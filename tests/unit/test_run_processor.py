@@ -311,6 +311,9 @@ class CrashableLog:
     def read(self, topic: str, partition: int, start_offset: int) -> Iterator[InboundRecord]:
         return self.inner.read(topic, partition, start_offset)
 
+    def end_offset(self, topic: str, partition: int) -> int:
+        return self.inner.end_offset(topic, partition)
+
 
 def test_crash_i_commit_fails_nothing_in_the_log_store_unchanged_retry_works_dur_1() -> None:
     log, store, topic = MemoryEventLog(), MemoryStore(), CommandTopic()

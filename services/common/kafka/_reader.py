@@ -102,6 +102,13 @@ class PartitionReader:
         finally:
             self._consumer.unassign()
 
+    def end_offset(self, topic: str, partition: int) -> int:
+        """The offset after the last record or transaction marker of the partition, right now.
+
+        A reader that has read everything up to here can resume here: what lies below it is
+        either delivered or a control record, never a record still to come."""
+        return self._high_watermark(TopicPartition(topic, partition))
+
     def _high_watermark(self, tp: TopicPartition, timeout_s: float = 10.0) -> int:
         # Right after a topic is created this client's metadata may not know the partition yet
         # and the answer is OFFSET_INVALID; ask again rather than read nothing.
