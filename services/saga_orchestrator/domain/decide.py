@@ -43,6 +43,7 @@ from services.saga_orchestrator.domain.plan import PlanRejected, PlanStep, compi
 from services.saga_orchestrator.domain.recovery import (
     abort,
     backoff_until,
+    fail_step,
     freeze,
     handle_failure,
     record_commit,
@@ -368,23 +369,7 @@ def _gate(em: Emitter, command: RecordPivotGate) -> Rejection | None:
         em.emit(
             PivotGateEvaluated, step_index=step.index, checks=command.checks, verdict="failed", detail=detail
         )
-        handle_failure(
-            em,
-            step,
-            RecordStepOutcome(
-                command_id=command.command_id,
-                run_id=state.run_id,
-                issued_at=command.issued_at,
-                correlation_id=command.correlation_id,
-                actor=command.actor,
-                step_index=step.index,
-                dispatch=step.dispatch,
-                outcome="failed",
-                error_kind="gate-failed",
-                error_message=detail,
-            ),
-            from_gate=True,
-        )
+        fail_step(em, step, "gate-failed", detail)
         return None
     waiting = state.pivot_approval == "human" and step.approval != "approve"
     em.emit(
@@ -418,23 +403,7 @@ def _approve(em: Emitter, command: ApprovePivot) -> Rejection | None:
         note=command.note,
     )
     if command.decision == "refuse":
-        handle_failure(
-            em,
-            step,
-            RecordStepOutcome(
-                command_id=command.command_id,
-                run_id=state.run_id,
-                issued_at=command.issued_at,
-                correlation_id=command.correlation_id,
-                actor=command.actor,
-                step_index=step.index,
-                dispatch=step.dispatch,
-                outcome="failed",
-                error_kind="approval-refused",
-                error_message=command.note or f"{command.actor} refused the pivot",
-            ),
-            from_gate=True,
-        )
+        fail_step(em, step, "approval-refused", command.note or f"{command.actor} refused the pivot")
     elif step.gate_verdict == "waiting-approval":
         em.emit(
             PivotGateEvaluated,

@@ -44,7 +44,15 @@ from services.saga_orchestrator.domain.tools import (
     check_postcondition,
 )
 
-__all__ = ["abort", "backoff_until", "compensation_cost", "freeze", "handle_failure", "record_commit"]
+__all__ = [
+    "abort",
+    "backoff_until",
+    "compensation_cost",
+    "fail_step",
+    "freeze",
+    "handle_failure",
+    "record_commit",
+]
 
 S = StepStatus
 T = TrajectoryStatus
@@ -79,24 +87,8 @@ def record_commit(em: Emitter, step: StepState, output: str, reconciled: bool) -
     except ValueError:
         problems = ("the output is not JSON",)
     if problems and not frozen:
-        handle_failure(
-            em,
-            step,
-            RecordStepOutcome(
-                command_id=em.command.command_id,
-                run_id=em.state.run_id,
-                issued_at=em.now_ms,
-                correlation_id=em.command.correlation_id,
-                actor=em.command.actor,
-                step_index=step.index,
-                dispatch=step.dispatch,
-                outcome="failed",
-                error_kind="postcondition-failed",
-                error_message="; ".join(problems),
-                error_status=422,
-                partial_output=output if not problems[0].startswith("the output is not JSON") else "",
-            ),
-        )
+        not_json = problems[0].startswith("the output is not JSON")
+        fail_step(em, step, "postcondition-failed", "; ".join(problems), 422, "" if not_json else output)
         return
     try:
         compensation = _bound(spec, step.params, output or "{}")
@@ -191,9 +183,7 @@ def backoff_until(em: Emitter, step_index: int, attempt: int) -> int:
     return em.now_ms + full_jitter_backoff_ms(attempt, policy.backoff_base_ms, policy.backoff_cap_ms, jitter)
 
 
-def handle_failure(
-    em: Emitter, step: StepState, outcome: RecordStepOutcome, *, from_gate: bool = False
-) -> None:
+def handle_failure(em: Emitter, step: StepState, outcome: RecordStepOutcome) -> None:
     spec = em.context.catalog.get(step.tool)
     error = StepError(
         outcome.error_kind or "unknown-error", step.tool, outcome.error_message, outcome.error_status or None
@@ -277,6 +267,32 @@ def handle_failure(
             },
         )
     # FORWARD_REPAIR: RecoveryDecided moved the trajectory to AWAITING_REPAIR; the runner proposes.
+
+
+def fail_step(
+    em: Emitter, step: StepState, kind: str, message: str, status: int = 0, partial_output: str = ""
+) -> None:
+    """A failure the orchestrator itself found (a gate, a refusal, a post-condition), decided by D
+    exactly like one the executor reported."""
+    command = em.command
+    handle_failure(
+        em,
+        step,
+        RecordStepOutcome(
+            command_id=command.command_id,
+            run_id=em.state.run_id,
+            issued_at=em.now_ms,
+            correlation_id=command.correlation_id,
+            actor=command.actor,
+            step_index=step.index,
+            dispatch=step.dispatch,
+            outcome="failed",
+            error_kind=kind,
+            error_message=message,
+            error_status=status,
+            partial_output=partial_output,
+        ),
+    )
 
 
 def _retry(em: Emitter, step: StepState) -> None:
