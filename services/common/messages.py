@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from services.common.avro import SchemaRegistry, UndecodableRecord, default_registry
 from services.common.contracts import from_record, full_name_of, to_record
-from services.common.kafka import OutboundRecord
+from services.common.kafka import InboundRecord, OutboundRecord
 
-__all__ = ["MessageCodec", "UndecodableRecord", "deadletter_record"]
+__all__ = ["MessageCodec", "UndecodableRecord", "command_or_deadletter", "deadletter_record"]
 
 
 class MessageCodec:
@@ -62,3 +63,49 @@ def deadletter_record(
             ("tenure-dlq-source-offset", str(source_offset).encode("utf-8")),
         ),
     )
+
+
+def command_or_deadletter(
+    codec: MessageCodec,
+    record: InboundRecord,
+    command_types: tuple[type[Any], ...],
+    what: str,
+    out: list[OutboundRecord],
+    deadletter_topic: str,
+    log: logging.Logger,
+) -> Any | None:
+    """The command in `record`, or None after appending its dead letter to `out` with the reason:
+    undecodable, not one of `command_types` (`what` names them), or keyed by another run id.
+
+    A processor commits the dead letter in the same transaction as the rest of its batch, so a
+    bad record is set aside exactly once and the batch goes on."""
+
+    def dead(code: str, detail: str) -> None:
+        log.warning(
+            "dead-lettering %s[%d]@%d: %s %s", record.topic, record.partition, record.offset, code, detail
+        )
+        out.append(
+            deadletter_record(
+                deadletter_topic,
+                record.topic,
+                record.partition,
+                record.offset,
+                record.key,
+                record.value,
+                code,
+                detail,
+            )
+        )
+
+    try:
+        message = codec.decode(record.value)
+    except UndecodableRecord as exc:
+        dead(exc.reason_code, str(exc))
+        return None
+    if not isinstance(message, command_types):
+        dead("NOT_A_COMMAND", f"{type(message).__name__} is not a {what}")
+        return None
+    if record.key is None or record.key.decode("utf-8", "replace") != message.run_id:
+        dead("KEY_MISMATCH", f"record key {record.key!r} is not the runId {message.run_id!r}")
+        return None
+    return message

@@ -37,7 +37,7 @@ from services.common.contracts import (
 )
 from services.common.eventlog import EventLog
 from services.common.kafka import InboundRecord, OutboundRecord
-from services.common.messages import MessageCodec, UndecodableRecord, deadletter_record
+from services.common.messages import MessageCodec, UndecodableRecord, command_or_deadletter
 from services.common.routing import partition_for_run
 from services.common.sequencing import Sequencing, sequence
 from services.common.store import KeyValueStore
@@ -304,36 +304,12 @@ class RunCommandProcessor:
         return TenantLoad(stored[0] + pending.queued, stored[1] + pending.active)
 
     def _command_of(self, record: InboundRecord, out: list[OutboundRecord]) -> RunCommand | None:
-        def dead(code: str, detail: str) -> None:
-            log.warning(
-                "dead-lettering %s[%d]@%d: %s %s", record.topic, record.partition, record.offset, code, detail
-            )
-            out.append(
-                deadletter_record(
-                    DEADLETTER.name,
-                    record.topic,
-                    record.partition,
-                    record.offset,
-                    record.key,
-                    record.value,
-                    code,
-                    detail,
-                )
-            )
-
-        try:
-            message = self._codec.decode(record.value)
-        except UndecodableRecord as exc:
-            dead(exc.reason_code, str(exc))
-            return None
-        if not isinstance(message, COMMAND_TYPES):
-            dead("NOT_A_COMMAND", f"{type(message).__name__} is not a Run command")
-            return None
-        if record.key is None or record.key.decode("utf-8", "replace") != message.run_id:
-            dead("KEY_MISMATCH", f"record key {record.key!r} is not the runId {message.run_id!r}")
-            return None
-        self._check_route(record, message.run_id)
-        return message  # type: ignore[no-any-return]
+        command: RunCommand | None = command_or_deadletter(
+            self._codec, record, COMMAND_TYPES, "Run command", out, DEADLETTER.name, log
+        )
+        if command is not None:
+            self._check_route(record, command.run_id)
+        return command
 
     def _check_route(self, record: InboundRecord, run_id: str) -> None:
         # A run's commands must all reach the partition of its tenant shard (services.common.

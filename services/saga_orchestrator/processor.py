@@ -39,7 +39,7 @@ from services.common.contracts import (
 from services.common.eventlog import EventLog
 from services.common.ids import derived_id
 from services.common.kafka import InboundRecord, OutboundRecord
-from services.common.messages import MessageCodec, UndecodableRecord, deadletter_record
+from services.common.messages import MessageCodec, UndecodableRecord, command_or_deadletter
 from services.common.sequencing import Sequencing, sequence
 from services.common.store import KeyValueStore
 from services.common.topics import DEADLETTER, INCIDENTS, TRAJECTORIES_EVENTS, TRAJECTORIES_REJECTIONS
@@ -293,35 +293,10 @@ class TrajectoryProcessor:
         return self._codec.outbound(TRAJECTORIES_REJECTIONS.name, command.run_id, refusal, record.partition)
 
     def _command_of(self, record: InboundRecord, out: list[OutboundRecord]) -> TrajectoryCommand | None:
-        def dead(code: str, detail: str) -> None:
-            log.warning(
-                "dead-lettering %s[%d]@%d: %s %s", record.topic, record.partition, record.offset, code, detail
-            )
-            out.append(
-                deadletter_record(
-                    DEADLETTER.name,
-                    record.topic,
-                    record.partition,
-                    record.offset,
-                    record.key,
-                    record.value,
-                    code,
-                    detail,
-                )
-            )
-
-        try:
-            message = self._codec.decode(record.value)
-        except UndecodableRecord as exc:
-            dead(exc.reason_code, str(exc))
-            return None
-        if not isinstance(message, TRAJECTORY_COMMAND_TYPES):
-            dead("NOT_A_COMMAND", f"{type(message).__name__} is not a trajectory command")
-            return None
-        if record.key is None or record.key.decode("utf-8", "replace") != message.run_id:
-            dead("KEY_MISMATCH", f"record key {record.key!r} is not the runId {message.run_id!r}")
-            return None
-        return message  # type: ignore[no-any-return]
+        command: TrajectoryCommand | None = command_or_deadletter(
+            self._codec, record, TRAJECTORY_COMMAND_TYPES, "trajectory command", out, DEADLETTER.name, log
+        )
+        return command
 
     # --- incidents (REC-7) --------------------------------------------------------------------
 
