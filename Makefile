@@ -51,7 +51,7 @@ bench-saga: kafka
 	$(BIN)/python -m bench.saga_unwind
 
 # The full scoreboard: 1,000 trajectories per configuration (FAULTS_ARGS to change it).
-FAULTS_ARGS ?= --trajectories 1000 --seed 7 --workers 8 --out docs/benchmarks.md --plot docs/fault-scoreboard.png
+FAULTS_ARGS ?= --trajectories 1000 --seed 7 --workers 6 --out docs/benchmarks.md --plot docs/fault-scoreboard.png
 bench-faults: kafka
 	$(BIN)/python -m bench.faults $(FAULTS_ARGS)
 
