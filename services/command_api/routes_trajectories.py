@@ -403,6 +403,31 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
         )
         return await decide(command, request.url.path)
 
+    async def holder_command(
+        kind: type[Any],
+        run_id: str,
+        lease: LeaseFields,
+        request: Request,
+        idempotency_key: str | None,
+        **fields: Any,
+    ) -> Any:
+        """A command only the run's lease holder may send: checked, deduplicated, decided."""
+        who = ctx.principal(request)
+        await _current_lease(ctx, run_id, lease.attemptId, lease.leaseEpoch, who)
+        command_id = _command_id(run_id, kind.__name__, idempotency_key)
+        existing = await trajectory_view(run_id)
+        if _decided_before(existing, command_id):
+            return existing
+        if kind is AdoptLease and isinstance(existing, dict) and existing.get("epoch") == lease.leaseEpoch:
+            return existing  # already the trajectory's lease: nothing to decide
+        command = kind(
+            **_header(ctx, request, who, run_id, command_id),
+            attempt_id=lease.attemptId,
+            lease_epoch=lease.leaseEpoch,
+            **fields,
+        )
+        return await decide(command, request.url.path)
+
     @router.post("/runs/{run_id}/trajectory/finish", summary="Complete the trajectory (the lease holder)")
     async def finish_trajectory(
         run_id: str,
@@ -410,18 +435,7 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
         request: Request,
         idempotency_key: str | None = Header(default=None, alias="Idempotency-Key", max_length=200),
     ) -> Any:
-        who = ctx.principal(request)
-        await _current_lease(ctx, run_id, body.attemptId, body.leaseEpoch, who)
-        command_id = _command_id(run_id, "FinishTrajectory", idempotency_key)
-        existing = await trajectory_view(run_id)
-        if _decided_before(existing, command_id):
-            return existing
-        command = FinishTrajectory(
-            **_header(ctx, request, who, run_id, command_id),
-            attempt_id=body.attemptId,
-            lease_epoch=body.leaseEpoch,
-        )
-        return await decide(command, request.url.path)
+        return await holder_command(FinishTrajectory, run_id, body, request, idempotency_key)
 
     @router.post(
         "/runs/{run_id}/trajectory/lease",
@@ -434,18 +448,7 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
         idempotency_key: str | None = Header(default=None, alias="Idempotency-Key", max_length=200),
     ) -> Any:
         """200 with the view once work still owed (even a step in flight) moved to this lease."""
-        who = ctx.principal(request)
-        await _current_lease(ctx, run_id, body.attemptId, body.leaseEpoch, who)
-        existing = await trajectory_view(run_id)
-        if isinstance(existing, dict) and existing.get("epoch") == body.leaseEpoch:
-            return existing  # already the trajectory's lease: nothing to decide
-        command_id = _command_id(run_id, "AdoptLease", idempotency_key)
-        command = AdoptLease(
-            **_header(ctx, request, who, run_id, command_id),
-            attempt_id=body.attemptId,
-            lease_epoch=body.leaseEpoch,
-        )
-        return await decide(command, request.url.path)
+        return await holder_command(AdoptLease, run_id, body, request, idempotency_key)
 
     @router.post(
         "/runs/{run_id}/trajectory/abort",
@@ -458,19 +461,9 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
         idempotency_key: str | None = Header(default=None, alias="Idempotency-Key", max_length=200),
     ) -> Any:
         """200 with the view; the unwind runs asynchronously (status unwinding -> rolled-back)."""
-        who = ctx.principal(request)
-        await _current_lease(ctx, run_id, body.attemptId, body.leaseEpoch, who)
-        command_id = _command_id(run_id, "AbortTrajectory", idempotency_key)
-        existing = await trajectory_view(run_id)
-        if _decided_before(existing, command_id):
-            return existing
-        command = AbortTrajectory(
-            **_header(ctx, request, who, run_id, command_id),
-            attempt_id=body.attemptId,
-            lease_epoch=body.leaseEpoch,
-            reason=body.reason,
+        return await holder_command(
+            AbortTrajectory, run_id, body, request, idempotency_key, reason=body.reason
         )
-        return await decide(command, request.url.path)
 
     @router.get("/incidents", summary="Open incidents of frozen trajectories, oldest first (REC-7)")
     async def list_incidents(request: Request) -> Any:

@@ -30,7 +30,7 @@ from services.runner_sdk.errors import (
     UnexpectedResponse,
 )
 
-__all__ = ["EffectResult", "Lease", "RenewalAnswer", "ReportOutcome", "TenureClient"]
+__all__ = ["EffectResult", "Lease", "RenewalAnswer", "ReportOutcome", "TenureClient", "api_http_client"]
 
 ReportOutcome = Literal["succeeded", "failed"]
 _Operation = Literal["claim", "heartbeat", "report", "effect"]
@@ -75,6 +75,16 @@ class EffectResult:
     reconciled: bool
 
 
+def api_http_client(
+    api_key: str | None, timeout_s: float, transport: httpx.BaseTransport | None = None
+) -> httpx.Client:
+    """The HTTP client every SDK client of the command API uses: problem+json accepted, bearer key."""
+    headers = {"Accept": "application/json, application/problem+json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    return httpx.Client(headers=headers, timeout=timeout_s, transport=transport)
+
+
 class TenureClient:
     """HTTP client for the command API (`api_url`) and the effect gateway (`gateway_url`).
 
@@ -95,10 +105,7 @@ class TenureClient:
         self._api_url = api_url.rstrip("/")
         self._gateway_url = gateway_url.rstrip("/")
         self.timeout_s = timeout_s
-        headers = {"Accept": "application/json, application/problem+json"}
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
-        self._http = httpx.Client(headers=headers, timeout=timeout_s, transport=transport)
+        self._http = api_http_client(api_key, timeout_s, transport)
 
     def close(self) -> None:
         self._http.close()

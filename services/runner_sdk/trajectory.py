@@ -27,6 +27,7 @@ from urllib.parse import quote
 
 import httpx
 
+from services.runner_sdk.client import api_http_client
 from services.runner_sdk.errors import (
     LeaseConflict,
     RequestRejected,
@@ -135,10 +136,7 @@ class TrajectoryClient:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         self._api_url = api_url.rstrip("/")
-        headers = {"Accept": "application/json, application/problem+json"}
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
-        self._http = httpx.Client(headers=headers, timeout=timeout_s, transport=transport)
+        self._http = api_http_client(api_key, timeout_s, transport)
 
     def close(self) -> None:
         self._http.close()

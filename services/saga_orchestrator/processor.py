@@ -116,6 +116,8 @@ class TrajectoryProcessor:
         self._restored: set[int] = set()
         self._assigned: set[int] = set()
         self._lock = threading.Lock()
+        # Read once, then kept in step with every write: a batch must not re-read and re-decode it.
+        self._stats = self._load_stats()
 
     # --- assignment and restore ---------------------------------------------------------------
 
@@ -143,7 +145,7 @@ class TrajectoryProcessor:
         return int(raw) if raw is not None else 0
 
     def _restore(self, partition: int) -> int:
-        changes = _Changes(stats=self.stats())
+        changes = _Changes(stats=self._stats)
         frozen: list[tuple[TrajectoryFrozen, int]] = []
         next_offset = self._checkpoint(TRAJECTORIES_EVENTS.name, partition)
         # Where the log ends before reading: everything below it is read (records) or skipped
@@ -223,7 +225,7 @@ class TrajectoryProcessor:
         for partition in sorted({r.partition for r in records} - self._restored):
             self._restore(partition)
         now = self._clock.now_ms()
-        changes = _Changes(stats=self.stats())
+        changes = _Changes(stats=self._stats)
         out: list[OutboundRecord] = []
         for record in records:
             outcome.commands += 1
@@ -343,6 +345,9 @@ class TrajectoryProcessor:
         return decode_state(raw) if raw is not None else None
 
     def stats(self) -> RepairStats:
+        return self._stats
+
+    def _load_stats(self) -> RepairStats:
         raw = self._store.get(_STATS_KEY)
         return RepairStats.from_json(json.loads(raw)) if raw is not None else RepairStats()
 
@@ -364,9 +369,13 @@ class TrajectoryProcessor:
                 deletes.append(key)
             else:
                 puts[key] = b""
-        if changes.stats is not None and changes.stats != self.stats():
+        stats_changed = changes.stats is not None and changes.stats != self._stats
+        if stats_changed:
+            assert changes.stats is not None
             puts[_STATS_KEY] = json.dumps(changes.stats.to_json()).encode()
         puts.update({key: str(offset).encode() for key, offset in changes.checkpoints.items()})
         puts.update({f"rejected/{command_id}": b"1" for command_id in changes.rejected})
         if puts or deletes:
             self._store.write(puts, tuple(deletes))
+        if stats_changed and changes.stats is not None:
+            self._stats = changes.stats
