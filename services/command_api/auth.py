@@ -1,47 +1,22 @@
-"""API keys mapped to principals and roles (TENURE_API_KEYS="key=principal:role,...").
+"""The API's side of authentication: the shared principal model (services.common.auth) per request.
 
 With no keys configured the API runs in development mode: every caller is `anonymous` with the
-`submitter` role, which the startup log says loudly.
+`submitter` role; `warn_if_development_mode` says so at start-up and `/healthz` reports it.
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-
 from fastapi import Request
 
-from services.command_api.problems import ApiProblem
+from services.common.auth import Principal, authenticate, parse_api_keys
+from services.common.settings import TenureSettings
 
 __all__ = ["Principal", "load_api_keys", "principal_of"]
 
 
-@dataclass(frozen=True)
-class Principal:
-    name: str
-    role: str
-
-
-ANONYMOUS = Principal("anonymous", "submitter")
-
-
 def load_api_keys(spec: str | None = None) -> dict[str, Principal]:
-    spec = os.environ.get("TENURE_API_KEYS", "") if spec is None else spec
-    keys: dict[str, Principal] = {}
-    for item in filter(None, (part.strip() for part in spec.split(","))):
-        key, _, who = item.partition("=")
-        name, _, role = who.partition(":")
-        if not key or not name:
-            raise ValueError(f"TENURE_API_KEYS entry {item!r} is not key=principal:role")
-        keys[key] = Principal(name, role or "submitter")
-    return keys
+    return parse_api_keys(TenureSettings().api_keys if spec is None else spec)
 
 
 def principal_of(request: Request, keys: dict[str, Principal]) -> Principal:
-    if not keys:
-        return ANONYMOUS
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or token not in keys:
-        raise ApiProblem("unauthenticated", "send Authorization: Bearer <api key> with a known key")
-    return keys[token]
+    return authenticate(request.headers.get("authorization"), keys)

@@ -6,31 +6,28 @@ a person at 3 a.m.) can dereference the `type` of an error and read what it mean
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from services.common.problem_json import (
+    COMMON_PROBLEMS,
+    Problem,
+    ProblemCatalog,
+    ProblemType,
+    install_problem_handlers,
+)
 
 __all__ = [
+    "CATALOG",
     "PROBLEM_TYPES",
+    "REJECTION_PROBLEMS",
     "TRAJECTORY_PROBLEMS",
     "ApiProblem",
     "problem_response",
     "register_problem_handlers",
 ]
-
-PROBLEM_JSON = "application/problem+json"
-
-
-@dataclass(frozen=True)
-class ProblemType:
-    slug: str
-    title: str
-    status: int
-    meaning: str
 
 
 # The saga's problems (routes_trajectories.py), kept with the others so /problems/<slug> serves them.
@@ -278,6 +275,8 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
     )
 }
 PROBLEM_TYPES.update({p.slug: p for p in TRAJECTORY_PROBLEMS if p.slug not in PROBLEM_TYPES})
+PROBLEM_TYPES.update({p.slug: p for p in COMMON_PROBLEMS if p.slug not in PROBLEM_TYPES})
+CATALOG = ProblemCatalog(PROBLEM_TYPES.values())
 
 # The coordinator's rejection codes, mapped to the problem a caller should see.
 REJECTION_PROBLEMS = {
@@ -309,48 +308,15 @@ REJECTION_PROBLEMS = {
 }
 
 
-class ApiProblem(Exception):
-    def __init__(self, slug: str, detail: str, **extensions: Any) -> None:
-        super().__init__(detail)
-        self.slug = slug
-        self.detail = detail
-        self.extensions = extensions
+class ApiProblem(Problem):
+    """A problem of the command API (the shared `Problem`, kept under the API's historic name)."""
 
 
 def problem_response(
     slug: str, detail: str, instance: str | None = None, status: int | None = None, **extensions: Any
 ) -> JSONResponse:
-    problem = PROBLEM_TYPES[slug]
-    body: dict[str, Any] = {
-        "type": f"/problems/{slug}",
-        "title": problem.title,
-        "status": status or problem.status,
-        "detail": detail,
-    }
-    if instance:
-        body["instance"] = instance
-    body.update(extensions)
-    return JSONResponse(body, status_code=body["status"], media_type=PROBLEM_JSON)
+    return CATALOG.response(slug, detail, instance, status, **extensions)
 
 
 def register_problem_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ApiProblem)
-    async def on_problem(request: Request, exc: ApiProblem) -> JSONResponse:
-        return problem_response(exc.slug, exc.detail, str(request.url.path), **exc.extensions)
-
-    @app.exception_handler(RequestValidationError)
-    async def on_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [
-            {"location": list(e.get("loc", ())), "message": e.get("msg", ""), "type": e.get("type", "")}
-            for e in exc.errors()
-        ]
-        first = errors[0] if errors else {"location": [], "message": "invalid request"}
-        where = ".".join(str(p) for p in first["location"])
-        return problem_response(
-            "validation-failed", f"{where}: {first['message']}", str(request.url.path), errors=errors
-        )
-
-    @app.exception_handler(StarletteHTTPException)
-    async def on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        slug = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
-        return problem_response(slug, str(exc.detail), str(request.url.path), status=exc.status_code)
+    install_problem_handlers(app, CATALOG)

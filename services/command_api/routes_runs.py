@@ -19,7 +19,7 @@ from services.command_api.models import (
     RunPage,
     SubmitRunRequest,
 )
-from services.command_api.problems import PROBLEM_TYPES, ApiProblem
+from services.command_api.problems import ApiProblem
 from services.common.contracts import CancelRun, RetryRun, SubmitRun
 from services.common.decisions import Rejected
 from services.common.ids import canonical_json, command_id_for, run_id_for, sha256_digest
@@ -210,17 +210,5 @@ def runs_router(ctx: ApiContext) -> APIRouter:
     @router.get("/metrics", include_in_schema=False)
     async def prometheus_metrics() -> Response:
         return PlainTextResponse(generate_latest(ctx.metrics), media_type=CONTENT_TYPE_LATEST)
-
-    @router.get("/problems/{slug}", summary="What a problem type means")
-    async def describe_problem(slug: str) -> Any:
-        problem = PROBLEM_TYPES.get(slug)
-        if problem is None:
-            raise ApiProblem("not-found", f"no problem type {slug!r}")
-        return {
-            "type": f"/problems/{slug}",
-            "title": problem.title,
-            "status": problem.status,
-            "meaning": problem.meaning,
-        }
 
     return router

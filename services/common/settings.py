@@ -47,6 +47,37 @@ class TenureSettings(BaseSettings):
     )
     tenant_limits: str = Field(default="", description='Per-tenant overrides, "acme=10:2,beta=100:20".')
     framework_log_level: str = Field(default="WARNING", description="Log level of faust itself.")
+    # --- who may call: API keys and the key Tenure's own processes present to each other ---
+    api_keys: str = Field(
+        default="",
+        description='"key=principal:role,..."; empty = development mode (every caller is anonymous).',
+    )
+    service_key: str = Field(
+        default="",
+        description="The API key Tenure's own processes (saga orchestrator) present; its principal "
+        "must have the service role in TENURE_API_KEYS.",
+    )
+    # --- HTTP limits ---
+    max_body_bytes: int = Field(
+        default=1_048_576, ge=1024, le=64 * 1_048_576, description="Largest request body (413 above)."
+    )
+    # --- the effect gateway and its tools ---
+    gateway_port: int = Field(default=8200, ge=1, le=65535)
+    gateway_url: str = Field(default="http://127.0.0.1:8200", description="Where the saga sends effects.")
+    tools: str = Field(
+        default="ledger=http://127.0.0.1:9100", description='The gateway\'s tools, "name=url,...".'
+    )
+    tool_timeout_s: float = Field(default=5.0, gt=0, le=300, description="Gateway timeout per tool call.")
+    saga_workers: int = Field(default=16, ge=1, le=512, description="Saga effects in flight at once.")
+    tool_catalog: Path | None = Field(
+        default=None, description="Tool registrations (SAGA-2); default: the sim environment's."
+    )
+    ledger_port: int = Field(default=9100, ge=1, le=65535)
+    sim_port: int = Field(default=9200, ge=1, le=65535)
+    # --- readiness/metrics ports of the processes that serve no API of their own ---
+    coordinator_health_port: int = Field(default=8301, ge=0, le=65535, description="0 = off")
+    projections_health_port: int = Field(default=8302, ge=0, le=65535, description="0 = off")
+    saga_health_port: int = Field(default=8303, ge=0, le=65535, description="0 = off")
 
     def parsed_tenant_limits(self) -> dict[str, tuple[int, int]]:
         limits: dict[str, tuple[int, int]] = {}

@@ -31,6 +31,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
+from services.common.backoff import full_jitter_ms as full_jitter_backoff_ms
 from services.saga_orchestrator.domain.tools import Cost, ToolSpec
 
 __all__ = [
@@ -343,16 +344,6 @@ def expected_forward_cost(repair: Cost, p: float, U: Cost, R: Cost) -> Cost:
     """E[Cost(Forward)] = Cost(repair) + (1 - p) * (U + R); the duration is rounded to whole ms."""
     duration, money = _expected_forward(repair, p, U + R)
     return Cost(round(duration), money)
-
-
-def full_jitter_backoff_ms(attempt: int, base_ms: int, cap_ms: int, unit_random: float) -> int:
-    """REC-2: t_wait ~ U(0, min(cap, 2^attempt * base)); `unit_random` in [0, 1) is the random draw."""
-    if attempt < 0 or base_ms < 0 or cap_ms < 0:
-        raise ValueError(f"attempt, base and cap must not be negative (got {attempt}, {base_ms}, {cap_ms})")
-    if not 0.0 <= unit_random < 1.0:
-        raise ValueError(f"unit_random must be in [0, 1), got {unit_random}")
-    ceiling: int = min(cap_ms, base_ms * 2**attempt)
-    return math.floor(unit_random * ceiling)
 
 
 # --- D -------------------------------------------------------------------------------------------
