@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help install kafka run test test-unit test-integration lint bench bench-leases bench-saga bench-faults clean
+.PHONY: help install kafka run test test-unit test-integration lint bench bench-leases bench-saga bench-faults bench-broker-restart bench-steps clean
 
 help:
 	@echo "make run    - install, fetch Kafka, start the whole system (tenure up)"
@@ -13,6 +13,8 @@ help:
 	@echo "make lint   - ruff + mypy (strict on services/)"
 	@echo "make bench  - foundation benchmark; make bench-leases - lease renewals (docs/benchmarks.md)"
 	@echo "make bench-saga - unwind overhead (DUR-2); make bench-faults - fault-injection scoreboard (DUR-3)"
+	@echo "make bench-broker-restart - time from kill -9 of the bundled broker until it answers again"
+	@echo "make bench-steps - durable steps beside DBOS / Restate (issue 11; STEPS_ARGS=--quick for a smoke run)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +42,7 @@ test-integration: kafka
 lint: $(STAMP)
 	$(BIN)/ruff check services tests bench
 	$(BIN)/mypy services
+	$(BIN)/lint-imports
 
 bench: kafka
 	$(BIN)/python -m bench.foundation
@@ -49,6 +52,14 @@ bench-leases: kafka
 
 bench-saga: kafka
 	$(BIN)/python -m bench.saga_unwind
+
+bench-broker-restart: kafka
+	$(BIN)/python -m bench.broker_restart
+
+# The peers' workload (N=2000 after 200, 8 clients, every recovery scenario): ~25 min on 2 cores.
+STEPS_ARGS ?= --out /tmp/tenure-bench-steps.md
+bench-steps: kafka
+	$(BIN)/python -m bench.durable_steps $(STEPS_ARGS)
 
 # The full scoreboard: 1,000 trajectories per configuration (FAULTS_ARGS to change it).
 FAULTS_ARGS ?= --trajectories 1000 --seed 7 --workers 6 --out docs/benchmarks.md --plot docs/fault-scoreboard.png

@@ -90,8 +90,8 @@ class SagaProcesses:
         self._spawn("effect_gateway", "services.effect_gateway")
         self._spawn("saga_orchestrator", "services.saga_orchestrator")
         self.wait_healthy(f"{self.sim_url}/healthz", "sim_environment")
-        # The gateway answers 200 only once it has read runs.events to the end.
-        self.wait_healthy(f"{self.gateway_url}/healthz", "effect_gateway", timeout_s=90)
+        # The gateway is ready (/readyz 200) only once it has read runs.events to the end.
+        self.wait_healthy(f"{self.gateway_url}/readyz", "effect_gateway", timeout_s=90)
         return self
 
     def restart_environment(self, time_scale: float) -> None:

@@ -92,7 +92,9 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from services.common.broker import free_port, start_broker
 
     state_dir = tmp_path_factory.mktemp("kafka")
-    handle = start_broker(port=free_port(), state_dir=state_dir, data_dir=state_dir / "data", timeout=90.0)
+    handle = start_broker(
+        port=free_port(), state_dir=state_dir, data_dir=state_dir / "data", timeout=90.0, die_with_parent=True
+    )
     try:
         yield handle.bootstrap_servers
     finally:

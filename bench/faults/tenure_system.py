@@ -27,6 +27,8 @@ __all__ = ["API_KEY", "KILLABLE", "TenureProcesses"]
 # One key with the operator role: a restarted runner takes its run's lease over (LEASE-6).
 API_KEY = "bench-runner-key"
 PRINCIPAL = "bench-runner"
+# The saga orchestrator's own key: the effect gateway authenticates every effect (LEASE-1).
+SERVICE_KEY = "bench-saga-key"
 KILLABLE = ("saga-orchestrator", "lease-coordinator", "effect-gateway", "projections", "command-api")
 _MODULES = {
     "lease-coordinator": "services.lease_coordinator",
@@ -64,7 +66,8 @@ class TenureProcesses:
             TENURE_SIM_PORT=str(ports["sim"]),
             TENURE_TOOLS=f"env={self.sim_url}",
             TENURE_GATEWAY_URL=self.gateway_url,
-            TENURE_API_KEYS=f"{API_KEY}={PRINCIPAL}:operator",
+            TENURE_API_KEYS=f"{API_KEY}={PRINCIPAL}:operator,{SERVICE_KEY}=tenure-saga:service",
+            TENURE_SERVICE_KEY=SERVICE_KEY,
             TENURE_DECISION_TIMEOUT_S="10",
             TENURE_TOOL_TIMEOUT_S=str(tool_timeout_s),
             TENURE_LOG_LEVEL="WARNING",
@@ -105,7 +108,7 @@ class TenureProcesses:
                    timeout_s, "the projector's store")
         for name in ("command-api", "sim-environment", "effect-gateway", "saga-orchestrator"):
             self._spawn(name)
-        for url in (f"{self.sim_url}/healthz", f"{self.gateway_url}/healthz", f"{self.api_url}/healthz"):
+        for url in (f"{self.sim_url}/healthz", f"{self.gateway_url}/readyz", f"{self.api_url}/healthz"):
             self._wait(lambda u=url: _answers(u), timeout_s, url)
         return self
 
@@ -129,9 +132,10 @@ class TenureProcesses:
         child.process.wait(10)
         self._spawn(name)
         child.restarts.append(time.time())
-        health = {"command-api": self.api_url, "effect-gateway": self.gateway_url}.get(name)
+        probes = {"command-api": f"{self.api_url}/healthz", "effect-gateway": f"{self.gateway_url}/readyz"}
+        health = probes.get(name)
         if health is not None:
-            self._wait(lambda: _answers(f"{health}/healthz"), 60, f"{name} to serve again")
+            self._wait(lambda: _answers(health), 60, f"{name} to serve again")
         return time.monotonic() - started
 
     def restarts(self) -> dict[str, int]:

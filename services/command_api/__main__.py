@@ -20,7 +20,8 @@ def main() -> None:
             views_path(settings.state_dir),
             settings.decision_timeout_s,
             settings.state_dir / "artifacts",
-        )
+        ),
+        max_body_bytes=settings.max_body_bytes,
     )
     uvicorn.run(app, host=settings.api_host, port=settings.api_port, log_level="warning")
 

@@ -2,7 +2,12 @@
 
 `ApiContext.publish_and_wait` is the one way a route issues a Run command (and
 `publish_trajectory_and_wait` a trajectory command): register for the decision, publish, wait
-(bounded) for the decision event or rejection, and optionally for the view that shows it.
+for the decision event or rejection, and optionally for the view that shows it.
+
+Every request has one deadline, TENURE_DECISION_TIMEOUT_S after it reached its route (set by the
+routers' `start_request` dependency): the publish, the wait for the decision, the wait for the
+view and every read of the views share it. A command Kafka did not acknowledge in time is a 503
+with Retry-After; a command that is durable but undecided is a 202 to poll.
 """
 
 from __future__ import annotations
@@ -11,53 +16,88 @@ import asyncio
 import builtins
 import threading
 import time
+from concurrent.futures import Future
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
-from fastapi import Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from services.command_api.auth import Principal, load_api_keys, principal_of
 from services.command_api.models import PendingCommand
 from services.command_api.problems import REJECTION_PROBLEMS, ApiProblem, problem_response
+from services.common.auth import warn_if_development_mode
 from services.common.clock import Clock, SystemClock
 from services.common.contracts import TRAJECTORY_EVENT_TYPES, RunCommand, TrajectoryCommand
-from services.common.decisions import Decided, DecisionListener, Rejected, publish_and_await
+from services.common.decisions import (
+    Decided,
+    DecisionBook,
+    DecisionListener,
+    FollowerHealth,
+    NotDurable,
+    Rejected,
+    publish_and_await,
+)
 from services.common.kafka import CommandPublisher, OutboundRecord
 from services.common.messages import MessageCodec
 from services.common.objectstore import FilesystemObjectStore, ObjectStore
 from services.common.policy import BlockList
 from services.common.routing import command_record, trajectory_command_record
-from services.common.store import RocksStore
+from services.common.store import KeyValueStore, RocksStore
 from services.common.topics import TRAJECTORIES_EVENTS, TRAJECTORIES_REJECTIONS
 from services.projections.store import RunViewStore
 from services.projections.trajectory_store import TrajectoryViewStore
 
 __all__ = [
+    "RETRY_AFTER_S",
     "ApiContext",
     "ApiDependencies",
+    "ApiPublisher",
     "Outcome",
     "ViewReader",
     "check_holder",
+    "delivery_timeout_for",
     "open_dependencies",
     "pending_response",
     "rejection_problem",
 ]
 
 
+T = TypeVar("T")
+
+# What a 503 tells the caller to wait before trying again: an outage of the broker is either
+# over in a few seconds (a restart) or long, and a client polls either way.
+RETRY_AFTER_S = 1
+# How long a read may take once the deadline has passed (to answer what is known so far).
+_LAST_READ_S = 0.2
+# The request's deadline (loop time), set when it reaches its route.
+_DEADLINE: ContextVar[float | None] = ContextVar("tenure_request_deadline", default=None)
+
+
+class ApiPublisher(Protocol):
+    def publish(self, record: OutboundRecord) -> Future[int]: ...
+
+    def reachable(self, timeout_s: float = 0.5) -> str | None: ...
+
+    def close(self, timeout_s: float = 10.0) -> None: ...
+
+
 class ViewReader:
     """Opens the projector's RocksDB as a read-only secondary, once it exists.
 
-    Run views and trajectory views share that store, so one catch-up serves both."""
+    Run views and trajectory views share that store, so one catch-up serves both. `store` is
+    for tests: a store the caller already has open instead of the projector's at `path`."""
 
     # Catching up with the primary costs a few file reads; many waiting requests share one.
     _REFRESH_EVERY_S = 0.002
 
-    def __init__(self, path: Path, codec: MessageCodec) -> None:
+    def __init__(self, path: Path, codec: MessageCodec, store: KeyValueStore | None = None) -> None:
         self._path = path
         self._codec = codec
+        self._given = store
         self._views: RunViewStore | None = None
         self._trajectories: TrajectoryViewStore | None = None
         self._lock = threading.Lock()
@@ -65,12 +105,22 @@ class ViewReader:
 
     def _store(self) -> RunViewStore:
         if self._views is None:
-            if not (self._path / "CURRENT").exists():
+            if self._given is None and not (self._path / "CURRENT").exists():
                 raise ApiProblem("unavailable", "the run views are not built yet; is projections running?")
-            store = RocksStore(self._path, secondary=True)
+            store = self._given if self._given is not None else RocksStore(self._path, secondary=True)
             self._trajectories = TrajectoryViewStore(store, self._codec)
             self._views = RunViewStore(store, self._codec)
         return self._views
+
+    def health(self) -> FollowerHealth:
+        """Ready when the store is open and catches up with the projector."""
+        try:
+            self._fresh_store()
+        except ApiProblem as exc:
+            return FollowerHealth(False, exc.detail)
+        except Exception as exc:  # a store that cannot be opened or refreshed is not ready
+            return FollowerHealth(False, f"the views store cannot be read: {exc}")
+        return FollowerHealth(True, "the views store is open")
 
     def _fresh_store(self) -> RunViewStore:
         store = self._store()
@@ -108,31 +158,36 @@ class ViewReader:
         self, run_id: str, version: int, timeout_s: float
     ) -> dict[str, Any] | None:
         """The run's trajectory view once the projection has applied `version`, or None on timeout."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            view = await asyncio.to_thread(self.trajectory, run_id)
-            if view is not None and int(view["version"]) >= version:
-                return view
-            if time.monotonic() >= deadline:
-                return None
-            await asyncio.sleep(self._REFRESH_EVERY_S)
+        return await self._wait(self.trajectory, run_id, version, timeout_s)
 
     async def wait_for_version(self, run_id: str, version: int, timeout_s: float) -> dict[str, Any] | None:
         """The run's view once the projection has applied `version`, or None on timeout."""
-        deadline = time.monotonic() + timeout_s
+        return await self._wait(self.get, run_id, version, timeout_s)
+
+    async def _wait(
+        self, read: Callable[[str], dict[str, Any] | None], run_id: str, version: int, timeout_s: float
+    ) -> dict[str, Any] | None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         while True:
-            view = await asyncio.to_thread(self.get, run_id)
+            try:
+                # Each read is bounded too: a store that stops answering must not hold the request.
+                view = await asyncio.wait_for(
+                    asyncio.to_thread(read, run_id), max(0.0, deadline - loop.time())
+                )
+            except TimeoutError:
+                return None
             if view is not None and int(view["version"]) >= version:
                 return view
-            if time.monotonic() >= deadline:
+            if loop.time() >= deadline:
                 return None
             await asyncio.sleep(self._REFRESH_EVERY_S)
 
 
 @dataclass
 class ApiDependencies:
-    publisher: CommandPublisher
-    decisions: DecisionListener
+    publisher: ApiPublisher
+    decisions: DecisionBook
     views: ViewReader
     codec: MessageCodec
     clock: Clock
@@ -141,7 +196,7 @@ class ApiDependencies:
     objects: ObjectStore
     blocks: BlockList
     # Decisions of the saga orchestrator (trajectories.events / trajectories.rejections).
-    trajectory_decisions: DecisionListener
+    trajectory_decisions: DecisionBook
 
     def close(self) -> None:
         self.blocks.close()
@@ -150,17 +205,32 @@ class ApiDependencies:
         self.publisher.close()
 
 
+def delivery_timeout_for(decision_timeout_s: float) -> float:
+    """How long librdkafka may keep trying to deliver a command of a request.
+
+    A little longer than the request waits, so a command that reaches the broker just after its
+    request answered 503 is still written once (a retry with the same Idempotency-Key is the same
+    command), but not the librdkafka default of five minutes of retries in the background."""
+    return decision_timeout_s + max(2.0, decision_timeout_s)
+
+
 def open_dependencies(
     bootstrap_servers: str, views_path: Path, decision_timeout_s: float, artifacts_path: Path
 ) -> ApiDependencies:
     codec = MessageCodec()
+    api_keys = load_api_keys()
+    warn_if_development_mode(api_keys, "tenure-command-api")
     return ApiDependencies(
-        publisher=CommandPublisher(bootstrap_servers, client_id="tenure-command-api"),
+        publisher=CommandPublisher(
+            bootstrap_servers,
+            client_id="tenure-command-api",
+            delivery_timeout_s=delivery_timeout_for(decision_timeout_s),
+        ),
         decisions=DecisionListener(bootstrap_servers, codec),
         views=ViewReader(views_path, codec),
         codec=codec,
         clock=SystemClock(),
-        api_keys=load_api_keys(),
+        api_keys=api_keys,
         decision_timeout_s=decision_timeout_s,
         objects=FilesystemObjectStore(artifacts_path),
         blocks=BlockList(bootstrap_servers, client_id="tenure-api-policy"),
@@ -206,6 +276,10 @@ class ApiContext:
             raise ApiProblem("unavailable", "the API is starting")
         return self._deps
 
+    @property
+    def development_mode(self) -> bool:
+        return not self.deps.api_keys
+
     def open(self, deps: ApiDependencies) -> None:
         self._deps = deps
 
@@ -216,8 +290,56 @@ class ApiContext:
     def principal(self, request: Request) -> Principal:
         return principal_of(request, self.deps.api_keys)
 
+    async def authenticate(self, request: Request) -> None:
+        """A router dependency: an unknown caller is 401 before its body is even validated."""
+        self.principal(request)
+
+    def guarded(self, **kwargs: Any) -> APIRouter:
+        """A router whose every route authenticates its caller and runs within one deadline."""
+        return APIRouter(dependencies=[Depends(self.start_request), Depends(self.authenticate)], **kwargs)
+
+    # --- the request's deadline ---------------------------------------------------------------
+
+    async def start_request(self) -> None:
+        """A router dependency: the request's deadline starts when it reaches its route."""
+        _DEADLINE.set(asyncio.get_running_loop().time() + self.deps.decision_timeout_s)
+
+    def remaining(self) -> float:
+        """Seconds left of the request's deadline (a whole timeout outside a request)."""
+        deadline = _DEADLINE.get()
+        if deadline is None:
+            return self.deps.decision_timeout_s
+        return max(0.0, deadline - asyncio.get_running_loop().time())
+
+    async def bounded(self, awaitable: Awaitable[T], what: str) -> T:
+        """`awaitable` within the request's deadline, else 503 unavailable with Retry-After.
+
+        A read after the deadline (answering a 202 from the view) still gets a moment."""
+        try:
+            return await asyncio.wait_for(awaitable, max(self.remaining(), _LAST_READ_S))
+        except TimeoutError as exc:
+            raise self.unavailable(f"{what} did not answer within the request's deadline") from exc
+
+    async def in_thread(self, what: str, fn: Callable[..., T], *args: Any) -> T:
+        """A blocking call (a store read, a file check) within the request's deadline."""
+        return await self.bounded(asyncio.to_thread(fn, *args), what)
+
+    def unavailable(self, detail: str, **extensions: Any) -> ApiProblem:
+        return ApiProblem(
+            "unavailable",
+            f"{detail} (TENURE_DECISION_TIMEOUT_S={self.deps.decision_timeout_s:g}s)",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+            retryAfterSeconds=RETRY_AFTER_S,
+            **extensions,
+        )
+
     async def view(self, run_id: str) -> dict[str, Any] | None:
-        return await asyncio.to_thread(self.deps.views.get, run_id)
+        return await self.in_thread("the run views", self.deps.views.get, run_id)
+
+    async def trajectory_view(self, run_id: str) -> dict[str, Any] | None:
+        return await self.in_thread("the trajectory views", self.deps.views.trajectory, run_id)
+
+    # --- commands -----------------------------------------------------------------------------
 
     async def publish_and_wait(
         self, command: RunCommand, *, wait_for_view: bool = True
@@ -242,23 +364,50 @@ class ApiContext:
             d.views.wait_for_trajectory_version if wait_for_view else None,
         )
 
+    async def publish_record(self, record: OutboundRecord, what: str) -> None:
+        """Publish a record that is not a command (a policy change), within the deadline."""
+        try:
+            await asyncio.wait_for(
+                asyncio.shield(asyncio.wrap_future(self.deps.publisher.publish(record))), self.remaining()
+            )
+        except BufferError as exc:
+            raise self.unavailable(f"{what}: the producer's queue is full; nothing was recorded") from exc
+        except TimeoutError as exc:
+            raise self.unavailable(
+                f"{what}: Kafka did not acknowledge it in time; it may still be recorded, and sending "
+                "the same change again is harmless"
+            ) from exc
+        except Exception as exc:
+            raise self.unavailable(f"{what}: Kafka did not take it ({exc})") from exc
+
     async def _publish_and_wait(
         self,
         record: OutboundRecord,
         command: RunCommand | TrajectoryCommand,
-        listener: DecisionListener,
+        listener: DecisionBook,
         wait_for_view: Callable[[str, int, float], Awaitable[dict[str, Any] | None]] | None,
     ) -> Outcome | Rejected | PendingCommand:
         d = self.deps
         kind = type(command).__name__
         loop = asyncio.get_running_loop()
         started = loop.time()
+        if self.remaining() < _LAST_READ_S:
+            # The reads before it used up the deadline: better not sent than sent and unanswered.
+            raise self.unavailable("the request's deadline passed before its command was sent (nothing was)")
         try:
             answer = await publish_and_await(
-                d.publisher, listener, record, command.command_id, d.decision_timeout_s
+                d.publisher, listener, record, command.command_id, self.remaining()
             )
-        except Exception as exc:
-            raise ApiProblem("unavailable", f"could not publish the command to Kafka: {exc}") from exc
+        except NotDurable as exc:
+            self._commands_total.labels(kind, "unavailable").inc()
+            fate = "may still be recorded" if exc.may_land else "was not sent"
+            raise self.unavailable(
+                f"{exc}. The command {fate}; sending the same request again is safe: under the same "
+                "Idempotency-Key (or, for a heartbeat or report, the same attempt and sequence) it is "
+                "recognised as the same request and applied at most once",
+                commandId=command.command_id,
+                runId=command.run_id,
+            ) from exc
         result: Outcome | Rejected | PendingCommand
         if isinstance(answer, Rejected):
             result = answer
@@ -266,8 +415,7 @@ class ApiContext:
             result = Outcome(answer, None)
         elif isinstance(answer, Decided):
             assert wait_for_view is not None
-            remaining = max(0.0, d.decision_timeout_s - (loop.time() - started))
-            view = await wait_for_view(command.run_id, answer.event.version, remaining)
+            view = await wait_for_view(command.run_id, answer.event.version, self.remaining())
             result = Outcome(answer, view) if view is not None else self._pending(command)
         else:
             result = self._pending(command)
@@ -281,7 +429,8 @@ class ApiContext:
             runId=command.run_id,
             commandId=command.command_id,
             detail=(
-                f"no decision within {self.deps.decision_timeout_s}s; the command is durable, poll the run"
+                f"the command is durable but no decision arrived within {self.deps.decision_timeout_s:g}s; "
+                "poll the run (or repeat the request with the same Idempotency-Key)"
             ),
         )
 
@@ -293,7 +442,7 @@ async def check_holder(ctx: ApiContext, who_name: str, run_id: str, attempt_id: 
     not enough to use it. It reads the projection's small per-run brief, not the whole view,
     because every heartbeat passes here.
     """
-    brief = await asyncio.to_thread(ctx.deps.views.brief, run_id)
+    brief = await ctx.in_thread("the run views", ctx.deps.views.brief, run_id)
     if brief is None:
         return None  # the coordinator answers unknown-attempt
     holder = brief["holders"].get(attempt_id)

@@ -24,6 +24,7 @@ __all__ = [
     "PROBLEM_TYPES",
     "REJECTION_PROBLEMS",
     "TRAJECTORY_PROBLEMS",
+    "TRAJECTORY_REJECTION_PROBLEMS",
     "ApiProblem",
     "problem_response",
     "register_problem_handlers",
@@ -86,9 +87,79 @@ TRAJECTORY_PROBLEMS: tuple[ProblemType, ...] = (
         409,
         "The incident was resolved already, or belongs to another run.",
     ),
+    ProblemType(
+        "trajectory-frozen",
+        "The trajectory is frozen",
+        409,
+        "An incident froze the trajectory (REC-7): nothing is dispatched until an operator "
+        "resolves it (POST /incidents/{incidentId}/resolve).",
+    ),
+    ProblemType(
+        "step-in-flight",
+        "A step is still in flight",
+        409,
+        "The orchestrator still owes the open step an outcome; poll GET /runs/{runId}/trajectory "
+        "until the step settles, then propose the next one.",
+    ),
+    ProblemType(
+        "budget-exhausted",
+        "The trajectory's budget is spent",
+        409,
+        "No steps, tokens or money are left in the trajectory's budget (REC-3).",
+    ),
+    ProblemType(
+        "unknown-step",
+        "No such step",
+        404,
+        "The trajectory has no step with this index.",
+    ),
+    ProblemType(
+        "resume-needs-new-lease",
+        "Resuming needs a lease taken over after the freeze",
+        409,
+        "Take the lease over first (POST /runs/{runId}/lease/takeover) and pass the new attemptId "
+        "and leaseEpoch (REC-7).",
+    ),
 )
 
-# The orchestrator's rejection codes, mapped to the problem a caller should see.
+# The orchestrator's rejection codes, mapped to the problem a caller should see. Every code the
+# saga's decide can return is listed (tests/unit/test_rejection_problem_types.py checks it); the
+# conflicts of the trajectory's current state share trajectory-conflict, whose `code` says which.
+TRAJECTORY_REJECTION_PROBLEMS = {
+    "TRAJECTORY_NOT_FOUND": "trajectory-not-found",
+    "TRAJECTORY_EXISTS": "trajectory-exists",
+    "TRAJECTORY_ENDED": "trajectory-ended",
+    "TRAJECTORY_COMPLETED": "trajectory-ended",
+    "TRAJECTORY_ROLLED_BACK": "trajectory-ended",
+    "TRAJECTORY_ABANDONED": "trajectory-ended",
+    "TRAJECTORY_FROZEN": "trajectory-frozen",
+    "TRAJECTORY_FORWARD": "trajectory-conflict",
+    "TRAJECTORY_AWAITING_REPAIR": "trajectory-conflict",
+    "TRAJECTORY_AWAITING_APPROVAL": "trajectory-conflict",
+    "TRAJECTORY_POST_PIVOT": "trajectory-conflict",
+    "TRAJECTORY_UNWINDING": "trajectory-conflict",
+    "TRAJECTORY_BUSY": "trajectory-conflict",
+    "UNKNOWN_TOOL": "unknown-tool",
+    "UNKNOWN_STEP": "unknown-step",
+    "INVALID_PARAMETERS": "invalid-parameters",
+    "PLAN_REJECTED": "plan-rejected",
+    "PLAN_INCOMPLETE": "trajectory-conflict",
+    "PLAN_MISMATCH": "trajectory-conflict",
+    "TWO_PIVOTS": "two-pivots",
+    "STALE_EPOCH": "stale-epoch",
+    "LEASE_REQUIRED": "resume-needs-new-lease",
+    "INCIDENT_NOT_OPEN": "incident-not-open",
+    "INVALID_COMMAND": "validation-failed",
+    "STEP_IN_FLIGHT": "step-in-flight",
+    "BUDGET_EXHAUSTED": "budget-exhausted",
+    "NOT_AWAITING_REPAIR": "trajectory-conflict",
+    "REPAIR_EXPECTED": "trajectory-conflict",
+    "REPAIR_TOOL_MISMATCH": "trajectory-conflict",
+    "PARTIAL_EFFECTS": "trajectory-conflict",
+    "NOT_RETRYABLE_AFTER_PIVOT": "trajectory-conflict",
+    "PIVOT_COMMITTED": "trajectory-conflict",
+    "NO_PIVOT_PENDING": "trajectory-conflict",
+}
 
 
 PROBLEM_TYPES: dict[str, ProblemType] = {
@@ -110,7 +181,12 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
             "idempotency-key-conflict",
             "Idempotency-Key reused with a different request",
             409,
-            "The key already named a run with a different ExecutionSpec or tenant.",
+            "A key names one request: the whole request (every body field, the path and the "
+            "calling principal) is compared with the one first sent under the key, and "
+            "`fields` lists what differs. Send the original request again to get its answer, "
+            "or use a new key for a new request; nothing was recorded. The same holds for a "
+            "runner's report or input request repeated under the same attempt and sequence, "
+            "and an input answer repeated under the same responseId.",
         ),
         ProblemType("run-not-found", "Run not found", 404, "No run with this id exists."),
         ProblemType(
@@ -149,14 +225,26 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
             "unavailable",
             "A dependency is unavailable",
             503,
-            "Kafka or the run views are not reachable right now; retry later.",
+            "Kafka or the run views did not answer within the request's deadline "
+            "(TENURE_DECISION_TIMEOUT_S); retry after `Retry-After` seconds. When a command was "
+            "not acknowledged in time it may still be recorded: a retry under the same "
+            "Idempotency-Key is the same command and is decided once.",
+        ),
+        ProblemType(
+            "not-ready",
+            "The API is not ready",
+            503,
+            "GET /readyz: a dependency the API needs is not ready (`notReady` names them, "
+            "`checks` says why); poll again after `Retry-After` seconds.",
         ),
         ProblemType("http-error", "HTTP error", 400, "A generic HTTP error."),
         ProblemType(
             "forbidden",
             "Your role may not do this",
             403,
-            "Only principals with the operator role may take over a lease (LEASE-7).",
+            "The caller's role or identity does not allow this action: takeovers, the block "
+            "policy, approvals and incidents need the operator role (LEASE-7); a run is "
+            "cancelled, retried or answered by its submitter or an operator; `detail` says which.",
         ),
         ProblemType(
             "run-not-claimable",
@@ -266,6 +354,19 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
             "Assignment re-checks the block policy (EXE-2): the tenant's runs wait.",
         ),
         ProblemType(
+            "duplicate-sequence",
+            "This sequence was already used",
+            409,
+            "The attempt already sent a heartbeat or report with this sequence; heartbeats are "
+            "answered from the lease as it stands, reports must use a new sequence.",
+        ),
+        ProblemType(
+            "run-id-mismatch",
+            "The run id does not match the submission",
+            422,
+            "A run id is derived from the tenant and the Idempotency-Key; this one is not.",
+        ),
+        ProblemType(
             "not-lease-holder",
             "You do not hold this lease",
             403,
@@ -305,6 +406,8 @@ REJECTION_PROBLEMS = {
     "NOT_LEASE_HOLDER": "not-lease-holder",
     "ADMISSION_ACTIVE_FULL": "admission-active-full",
     "INPUT_EXPIRED": "input-expired",
+    "DUPLICATE_SEQUENCE": "duplicate-sequence",
+    "RUN_ID_MISMATCH": "run-id-mismatch",
 }
 
 

@@ -2,29 +2,27 @@
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.responses import JSONResponse
+from pydantic import Field
 
 from services.command_api.context import ApiContext
-from services.command_api.problems import ApiProblem
+from services.command_api.models import ApiBody, Text
+from services.common.auth import Role, require_role
 from services.common.contracts import BlockChanged
 from services.common.policy import subject_key
 from services.common.topics import POLICY
 
 __all__ = ["admin_router"]
 
-OPERATOR_ROLE = "operator"
 SubjectKind = Literal["principal", "tenant"]
 
 
-class BlockBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    reason: str = Field(min_length=1, max_length=2000)
+class BlockBody(ApiBody):
+    reason: Text = Field(min_length=1, max_length=2000)
 
 
 def _describe(change: BlockChanged) -> dict[str, Any]:
@@ -39,14 +37,11 @@ def _describe(change: BlockChanged) -> dict[str, Any]:
 
 
 def admin_router(ctx: ApiContext) -> APIRouter:
-    router = APIRouter(prefix="/admin")
+    router = ctx.guarded(prefix="/admin")
 
     async def change(request: Request, kind: SubjectKind, subject: str, blocked: bool, reason: str) -> Any:
         who = ctx.principal(request)
-        if who.role != OPERATOR_ROLE:
-            raise ApiProblem(
-                "forbidden", f"{who.name} has role {who.role!r}; the block policy needs the operator role"
-            )
+        require_role(who, "the block policy", Role.OPERATOR)
         event = BlockChanged(
             event_id=f"blk_{uuid.uuid4().hex}",
             subject_kind=kind,
@@ -57,11 +52,14 @@ def admin_router(ctx: ApiContext) -> APIRouter:
             actor=who.name,
         )
         key = subject_key(kind, subject)
-        await asyncio.wrap_future(
-            ctx.deps.publisher.publish(ctx.deps.codec.outbound(POLICY.name, key, event))
-        )
-        # Answer once this API sees it too, so a GET right after shows the change.
-        await asyncio.to_thread(ctx.deps.blocks.wait_for, key, blocked)
+        await ctx.publish_record(ctx.deps.codec.outbound(POLICY.name, key, event), f"the change of {key}")
+        # Answer once this API sees it too, so a GET right after shows the change; within the
+        # request's deadline, else 202: the change is durable and takes effect shortly.
+        wait_for = ctx.deps.blocks.wait_for
+        patience = max(0.0, ctx.remaining() - 0.05)  # leave time to answer 202 in time
+        seen = await ctx.in_thread("the block policy", wait_for, key, blocked, patience)
+        if not seen:
+            return JSONResponse(_describe(event) | {"status": "pending"}, status_code=202)
         return _describe(event)
 
     @router.put("/blocks/{kind}/{subject}", summary="Block a principal or tenant from assignment (operator)")
@@ -73,8 +71,7 @@ def admin_router(ctx: ApiContext) -> APIRouter:
         return await change(request, kind, subject, False, "unblocked")
 
     @router.get("/blocks", summary="The block policy in force")
-    async def blocks(request: Request) -> Any:
-        ctx.principal(request)
+    async def blocks() -> Any:
         return {"blocks": [_describe(b) for b in ctx.deps.blocks.entries()]}
 
     return router

@@ -6,11 +6,11 @@ and expiry), not from the projection, so a renewal is acknowledged as soon as it
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from typing import Any
 
 from fastapi import APIRouter, Header, Request
+from fastapi.responses import JSONResponse
 
 from services.command_api.context import (
     ApiContext,
@@ -19,6 +19,7 @@ from services.command_api.context import (
     pending_response,
     rejection_problem,
 )
+from services.command_api.idempotency import PRINCIPAL_FIELD, KeyedRequest, conflict_problem, differing_fields
 from services.command_api.models import (
     ClaimRequest,
     HeartbeatRequest,
@@ -27,8 +28,8 @@ from services.command_api.models import (
     TakeoverRequest,
 )
 from services.command_api.problems import ApiProblem
-from services.command_api.routes_runs import caused_by
 from services.command_api.routes_work import verify_manifest
+from services.common.auth import Role, require_role
 from services.common.contracts import (
     ArtifactEntry,
     AttemptClaimed,
@@ -38,33 +39,61 @@ from services.common.contracts import (
     ReportAttempt,
     TakeOverLease,
 )
+from services.common.contracts.ids import run_id_of_attempt
 from services.common.decisions import Rejected
 from services.common.ids import command_id_for
-from services.lease_coordinator.domain import run_id_of_attempt
 
 __all__ = ["leases_router"]
 
-OPERATOR_ROLE = "operator"
 # A heartbeat for an attempt whose run does not exist is, to the runner, an unknown attempt.
 _ATTEMPT_OVERRIDES = {"RUN_NOT_FOUND": "unknown-attempt"}
 
 
 def _grant(event: AttemptClaimed | LeaseTakenOver, view: dict[str, Any]) -> dict[str, Any]:
+    return _grant_body(
+        {
+            "attemptId": event.attempt_id,
+            "attemptNumber": event.attempt_number if isinstance(event, AttemptClaimed) else None,
+            "leaseId": event.lease_id,
+            "epoch": event.epoch,
+            "holder": event.holder,
+            "holderKind": event.holder_kind,
+            "expiresAt": event.expires_at,
+            "leaseSeconds": event.lease_seconds,
+            "heartbeatSeconds": event.heartbeat_seconds,
+        },
+        event.run_id,
+        event.occurred_at,
+        view,
+        _attempt_context(view),
+    )
+
+
+def _grant_body(
+    granted: dict[str, Any], run_id: str, at: int, view: dict[str, Any], context: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The answer to a claim or a takeover, from its event (or its entry in the Run view)."""
     return {
-        "runId": event.run_id,
-        "attemptId": event.attempt_id,
-        "attemptNumber": event.attempt_number if isinstance(event, AttemptClaimed) else None,
-        "leaseId": event.lease_id,
-        "epoch": event.epoch,
-        "holder": event.holder,
-        "holderKind": event.holder_kind,
-        "expiresAt": event.expires_at,
-        "leaseSeconds": event.lease_seconds,
-        "heartbeatIntervalSeconds": event.heartbeat_seconds,
-        "serverTime": event.occurred_at,
+        "runId": run_id,
+        "attemptId": granted["attemptId"],
+        "attemptNumber": granted.get("attemptNumber"),
+        "leaseId": granted["leaseId"],
+        "epoch": granted["epoch"],
+        "holder": granted["holder"],
+        "holderKind": granted["holderKind"],
+        "expiresAt": granted["expiresAt"],
+        "leaseSeconds": granted["leaseSeconds"],
+        "heartbeatIntervalSeconds": granted["heartbeatSeconds"],
+        "serverTime": at,
         "assignment": {"executionSpec": view["executionSpec"], "specDigest": view["specDigest"]},
-        "attemptContext": _attempt_context(view),
+        "attemptContext": context,
     }
+
+
+def _replayed_grant(entry: dict[str, Any], view: dict[str, Any]) -> dict[str, Any]:
+    """The grant a claim or takeover made, rebuilt from its entry in the Run view's history."""
+    at = int(entry["occurredAt"])
+    return _grant_body(entry["details"], view["runId"], at, view, _attempt_context_at(view, at))
 
 
 def _attempt_context(view: dict[str, Any]) -> dict[str, Any] | None:
@@ -72,11 +101,63 @@ def _attempt_context(view: dict[str, Any]) -> dict[str, Any] | None:
     wait = view.get("input")
     if not wait or wait.get("response") is None or view["status"] not in ("queued", "preparing"):
         return None
+    return _context_of(wait)
+
+
+def _attempt_context_at(view: dict[str, Any], granted_at: int) -> dict[str, Any] | None:
+    """The AttemptContext a grant made at `granted_at` carried: the answer it continued from."""
+    wait = view.get("input")
+    if not wait or wait.get("response") is None or int(wait["response"]["at"]) > granted_at:
+        return None
+    return _context_of(wait)
+
+
+def _context_of(wait: dict[str, Any]) -> dict[str, Any]:
     return {
         "checkpointDigest": wait["checkpointDigest"],
         "inputRequestId": wait["requestId"],
         "inputResponse": wait["response"],
     }
+
+
+def _claim_fields(entry: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+    """The first claim's fields; lease terms only when asked for (else the coordinator chose)."""
+    details = entry["details"]
+    recorded = {
+        PRINCIPAL_FIELD: entry.get("actor"),
+        "runnerId": details["holder"],
+        "holderKind": details["holderKind"],
+        "capabilities": details.get("capabilities", []),
+    }
+    for name in ("leaseSeconds", "heartbeatSeconds"):
+        if request.get(name) is not None:
+            recorded[name] = details[name]
+    return recorded
+
+
+def _takeover_fields(entry: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+    details = entry["details"]
+    recorded = {
+        PRINCIPAL_FIELD: entry.get("actor"),
+        "reason": details["reason"],
+        "newHolder": details["holder"],
+        "holderKind": details["holderKind"],
+    }
+    if request.get("leaseSeconds") is not None:
+        recorded["leaseSeconds"] = details["leaseSeconds"]
+    return recorded
+
+
+def _report_fields(entry: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+    details = entry.get("details", {})
+    recorded: dict[str, Any] = {PRINCIPAL_FIELD: entry.get("actor"), "leaseEpoch": details.get("epoch")}
+    if not (details.get("errorCode") == "MANIFEST_INVALID" and request["outcome"] == "succeeded"):
+        # (a success whose manifest failed verification is recorded as that failure instead)
+        recorded.update(outcome=details.get("outcome"), errorCode=details.get("errorCode"))
+        recorded["detail"] = details.get("detail")
+    if request.get("manifest") is not None:
+        recorded["manifest"] = details.get("manifest", [])
+    return recorded
 
 
 def _run_of(attempt_id: str) -> str:
@@ -87,7 +168,7 @@ def _run_of(attempt_id: str) -> str:
 
 
 def leases_router(ctx: ApiContext) -> APIRouter:
-    router = APIRouter()
+    router = ctx.guarded()
 
     async def existing_run(run_id: str) -> dict[str, Any]:
         view = await ctx.view(run_id)
@@ -104,10 +185,18 @@ def leases_router(ctx: ApiContext) -> APIRouter:
         request: Request,
         idempotency_key: str | None = Header(default=None, alias="Idempotency-Key", max_length=200),
     ) -> Any:
+        """A repeat under the same Idempotency-Key (and body) answers the grant it made, 201."""
         who = ctx.principal(request)
+        require_role(who, "claiming a run", Role.SUBMITTER, Role.RUNNER, Role.OPERATOR)
         view = await existing_run(run_id)
+        fields = body.model_dump(mode="json")
+        keyed = KeyedRequest.of(run_id, "ClaimRun", idempotency_key, who.name, fields)
+        first = keyed.find(view["history"], "causationId")
+        if first is not None:
+            keyed.check(first["causationId"], _claim_fields(dict(first), fields), f"a claim of run {run_id}")
+            return JSONResponse(_replayed_grant(dict(first), view), status_code=201)
         command = ClaimRun(
-            command_id=command_id_for(run_id, "ClaimRun", idempotency_key or uuid.uuid4().hex),
+            command_id=keyed.command_id,
             run_id=run_id,
             issued_at=ctx.deps.clock.now_ms(),
             correlation_id=request.headers.get("x-correlation-id") or run_id,
@@ -118,10 +207,6 @@ def leases_router(ctx: ApiContext) -> APIRouter:
             lease_seconds=body.leaseSeconds or 0,
             heartbeat_seconds=body.heartbeatSeconds or 0,
         )
-        if caused_by(view, command.command_id):
-            raise ApiProblem(
-                "run-not-claimable", "this claim was already granted; use the lease you were given"
-            )
         outcome = await ctx.publish_and_wait(command, wait_for_view=False)
         if isinstance(outcome, Rejected):
             return rejection_problem(outcome, request.url.path)
@@ -189,16 +274,27 @@ def leases_router(ctx: ApiContext) -> APIRouter:
         "/attempts/{attempt_id}/report", summary="Terminal report of an attempt, fenced like a heartbeat"
     )
     async def report(attempt_id: str, body: ReportRequest, request: Request) -> Any:
+        """A repeat of the same sequence answers the view again; with another body it is 409."""
         who = ctx.principal(request)
         run_id = _run_of(attempt_id)
         await check_holder(ctx, who.name, run_id, attempt_id)
         view = await existing_run(run_id)
+        command_id = command_id_for(run_id, "ReportAttempt", f"{attempt_id}/{body.sequence}")
+        first = next((e for e in view["history"] if e.get("causationId") == command_id), None)
+        if first is not None:
+            request_fields = {PRINCIPAL_FIELD: who.name, **body.model_dump(mode="json")}
+            fields = differing_fields(request_fields, _report_fields(dict(first), request_fields))
+            if fields:
+                raise conflict_problem(
+                    f"sequence {body.sequence} of attempt {attempt_id}", run_id, "a report", fields
+                )
+            return view
         manifest = [m.model_dump() for m in body.manifest] if body.manifest is not None else None
         problem = ""
         if body.outcome == "succeeded":
-            problem = await asyncio.to_thread(verify_manifest, ctx, view, manifest)
+            problem = await ctx.in_thread("the object store", verify_manifest, ctx, view, manifest)
         command = ReportAttempt(
-            command_id=command_id_for(run_id, "ReportAttempt", f"{attempt_id}/{body.sequence}"),
+            command_id=command_id,
             run_id=run_id,
             issued_at=ctx.deps.clock.now_ms(),
             correlation_id=attempt_id,
@@ -221,8 +317,6 @@ def leases_router(ctx: ApiContext) -> APIRouter:
             manifest_verified=body.outcome == "succeeded" and not problem,
             manifest_problem=problem,
         )
-        if caused_by(view, command.command_id):
-            return view
         outcome = await ctx.publish_and_wait(command)
         if isinstance(outcome, Rejected):
             return rejection_problem(outcome, request.url.path, **_ATTEMPT_OVERRIDES)
@@ -231,8 +325,7 @@ def leases_router(ctx: ApiContext) -> APIRouter:
         return outcome.view
 
     @router.get("/runs/{run_id}/lease", summary="The lease record (LEASE-2)")
-    async def lease_record(run_id: str, request: Request) -> Any:
-        ctx.principal(request)
+    async def lease_record(run_id: str) -> Any:
         view = await existing_run(run_id)
         return {
             "runId": run_id,
@@ -250,16 +343,20 @@ def leases_router(ctx: ApiContext) -> APIRouter:
         request: Request,
         idempotency_key: str | None = Header(default=None, alias="Idempotency-Key", max_length=200),
     ) -> Any:
+        """A repeat under the same Idempotency-Key (and body) answers the grant it made."""
         who = ctx.principal(request)
-        if who.role != OPERATOR_ROLE:
-            raise ApiProblem(
-                "forbidden",
-                f"{who.name} has role {who.role!r}; a takeover needs the operator role",
-                runId=run_id,
-            )
+        require_role(who, "a takeover", Role.OPERATOR)
         view = await existing_run(run_id)
+        fields = body.model_dump(mode="json")
+        keyed = KeyedRequest.of(run_id, "TakeOverLease", idempotency_key, who.name, fields)
+        first = keyed.find(view["history"], "causationId")
+        if first is not None:
+            keyed.check(
+                first["causationId"], _takeover_fields(dict(first), fields), f"a takeover of run {run_id}"
+            )
+            return _replayed_grant(dict(first), view)
         command = TakeOverLease(
-            command_id=command_id_for(run_id, "TakeOverLease", idempotency_key or uuid.uuid4().hex),
+            command_id=keyed.command_id,
             run_id=run_id,
             issued_at=ctx.deps.clock.now_ms(),
             correlation_id=request.headers.get("x-correlation-id") or run_id,
@@ -276,6 +373,10 @@ def leases_router(ctx: ApiContext) -> APIRouter:
             return pending_response(outcome)
         event = outcome.decided.event
         assert isinstance(event, LeaseTakenOver)
+        # Best effort, within the deadline: once the view shows the new lease, a request of the
+        # replaced holder that arrives after this answer is refused here as stale (the saga
+        # orchestrator learns of the takeover only later).
+        await ctx.deps.views.wait_for_version(run_id, event.version, ctx.remaining())
         return _grant(event, view)
 
     return router

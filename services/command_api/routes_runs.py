@@ -1,16 +1,23 @@
-"""Routes for submitting, cancelling and reading runs."""
+"""Routes for submitting, cancelling, retrying and reading runs (and liveness/readiness).
+
+Idempotency (services/command_api/idempotency.py): a repeat of a request under its key is the
+first answer again; the same key with a different request is 409 idempotency-key-conflict
+naming the fields that differ. A repeated submission answers 200 (documented in the README),
+every other repeat the status of the first answer.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from typing import Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from services.command_api.context import ApiContext, pending_response, rejection_problem
+from services.command_api.health import health_router
+from services.command_api.idempotency import PRINCIPAL_FIELD, KeyedRequest, conflict_problem, differing_fields
 from services.command_api.models import (
     STATUS_VALUES,
     CancelRequest,
@@ -20,51 +27,91 @@ from services.command_api.models import (
     SubmitRunRequest,
 )
 from services.command_api.problems import ApiProblem
+from services.common.auth import Principal, Role, require_role
 from services.common.contracts import CancelRun, RetryRun, SubmitRun
 from services.common.decisions import Rejected
-from services.common.ids import canonical_json, command_id_for, run_id_for, sha256_digest
+from services.common.ids import canonical_json, command_id_for, run_id_for
 from services.projections.store import BadCursor
 
-__all__ = ["caused_by", "runs_router"]
+__all__ = ["caused_by", "may_act_on_run", "runs_router"]
 
 TERMINAL_VALUES = ("succeeded", "failed", "cancelled")
+_IDEMPOTENCY_KEY = Header(default=None, alias="Idempotency-Key", max_length=200)
 
 
 def caused_by(view: dict[str, Any], command_id: str) -> bool:
     return any(entry.get("causationId") == command_id for entry in view["history"])
 
 
+def may_act_on_run(who: Principal, view: dict[str, Any], action: str) -> None:
+    """A run is cancelled, retried or answered by its submitter or by an operator."""
+    if who.role != Role.OPERATOR and who.name != view.get("submittedBy"):
+        raise ApiProblem(
+            "forbidden",
+            f"{who.name} did not submit run {view['runId']}; {action} it needs its submitter or "
+            "the operator role",
+            runId=view["runId"],
+        )
+
+
+def _submission(view: dict[str, Any]) -> dict[str, Any]:
+    """The submission as the Run view records it, in the request's field names."""
+    return {
+        PRINCIPAL_FIELD: view.get("submittedBy"),
+        "tenant": view["tenant"],
+        "executionSpec": view["executionSpec"],
+        "retrySafe": view["retrySafe"],
+        "timeoutSeconds": view["timeoutSeconds"],
+        "maxAttempts": view["maxAttempts"],
+    }
+
+
+def _cancel_fields(entry: dict[str, Any]) -> dict[str, Any]:
+    reason = entry["reason"] if "reason" in entry else entry.get("details", {}).get("reason")
+    return {PRINCIPAL_FIELD: entry.get("actor"), "reason": reason}
+
+
+def _retry_fields(entry: dict[str, Any]) -> dict[str, Any]:
+    details = entry.get("details", {})
+    return {
+        PRINCIPAL_FIELD: entry.get("actor"),
+        "acknowledgeRepeatedEffects": details.get("acknowledgedRepeatedEffects"),
+        "reason": details.get("reason"),
+    }
+
+
 def runs_router(ctx: ApiContext) -> APIRouter:
     router = APIRouter()
+    api = ctx.guarded()
 
-    @router.post("/runs", status_code=201, summary="Submit a run (idempotent by Idempotency-Key)")
+    def replayed_submission(view: dict[str, Any], who: Principal, body: SubmitRunRequest, key: str) -> Any:
+        request_fields = {PRINCIPAL_FIELD: who.name, **body.model_dump(mode="json")}
+        fields = differing_fields(request_fields, _submission(view))
+        if fields:
+            raise conflict_problem(
+                f"Idempotency-Key {key!r}", view["runId"], f"run {view['runId']}", fields, idempotencyKey=key
+            )
+        return JSONResponse(view, status_code=200, headers={"Location": f"/runs/{view['runId']}"})
+
+    @api.post("/runs", status_code=201, summary="Submit a run (idempotent by Idempotency-Key)")
     async def submit_run(
         body: SubmitRunRequest,
         request: Request,
         response: Response,
-        idempotency_key: str | None = Header(default=None, alias="Idempotency-Key", max_length=200),
+        idempotency_key: str | None = _IDEMPOTENCY_KEY,
     ) -> Any:
         who = ctx.principal(request)
+        require_role(who, "submitting a run", Role.SUBMITTER, Role.OPERATOR)
         if not idempotency_key:
             raise ApiProblem("idempotency-key-required", "send an Idempotency-Key header (e.g. a UUID)")
         run_id = run_id_for(body.tenant, idempotency_key)
         existing = await ctx.view(run_id)
         if existing is not None:
-            digest = sha256_digest(canonical_json(body.executionSpec))
-            if existing["specDigest"] != digest:
-                raise ApiProblem(
-                    "idempotency-key-conflict",
-                    f"Idempotency-Key {idempotency_key!r} already submitted run {run_id} with "
-                    f"spec {existing['specDigest']}; this request has spec {digest}",
-                    runId=run_id,
-                )
-            response.status_code = 200
-            response.headers["Location"] = f"/runs/{run_id}"
-            return existing
+            return replayed_submission(existing, who, body, idempotency_key)
         command = SubmitRun(
             # Unique per request: a refused submission (e.g. over the tenant's queue limit) leaves
             # nothing behind and must be decided afresh when the caller retries with its key;
-            # duplicates of an accepted one are recognised by the run already existing.
+            # repeats of an accepted one are recognised by the run already existing.
             command_id=command_id_for(run_id, "SubmitRun", f"{idempotency_key}/{uuid.uuid4().hex}"),
             run_id=run_id,
             issued_at=ctx.deps.clock.now_ms(),
@@ -78,6 +125,12 @@ def runs_router(ctx: ApiContext) -> APIRouter:
             max_attempts=body.maxAttempts,
         )
         outcome = await ctx.publish_and_wait(command)
+        if isinstance(outcome, (Rejected, PendingCommand)):
+            # A concurrent request under the same key may have created the run meanwhile: then
+            # this one is its repeat (or its conflict), whatever the coordinator answered.
+            raced = await ctx.view(run_id)
+            if raced is not None and not caused_by(raced, command.command_id):
+                return replayed_submission(raced, who, body, idempotency_key)
         if isinstance(outcome, Rejected):
             return rejection_problem(outcome, request.url.path)
         if isinstance(outcome, PendingCommand):
@@ -85,27 +138,31 @@ def runs_router(ctx: ApiContext) -> APIRouter:
         response.headers["Location"] = f"/runs/{run_id}"
         return outcome.view
 
-    @router.post("/runs/{run_id}/cancel", summary="Cancel a run")
+    @api.post("/runs/{run_id}/cancel", summary="Cancel a run (its submitter or an operator)")
     async def cancel_run(
         run_id: str,
         request: Request,
         body: CancelRequest | None = None,
-        idempotency_key: str | None = Header(default=None, alias="Idempotency-Key", max_length=200),
+        idempotency_key: str | None = _IDEMPOTENCY_KEY,
     ) -> Any:
         who = ctx.principal(request)
         current = await ctx.view(run_id)
         if current is None:
             raise ApiProblem("run-not-found", f"run {run_id} does not exist", runId=run_id)
-        command_id = command_id_for(run_id, "CancelRun", idempotency_key or uuid.uuid4().hex)
-        if caused_by(current, command_id):
+        may_act_on_run(who, current, "cancelling")
+        body = body or CancelRequest(reason="")
+        keyed = KeyedRequest.of(run_id, "CancelRun", idempotency_key, who.name, body.model_dump(mode="json"))
+        first = keyed.find(current["history"], "causationId")
+        if first is not None:
+            keyed.check(first["causationId"], _cancel_fields(dict(first)), f"a cancel of run {run_id}")
             return current  # this very cancel was already applied: answer it again
         command = CancelRun(
-            command_id=command_id,
+            command_id=keyed.command_id,
             run_id=run_id,
             issued_at=ctx.deps.clock.now_ms(),
             correlation_id=request.headers.get("x-correlation-id") or run_id,
             actor=who.name,
-            reason=(body.reason if body else ""),
+            reason=body.reason,
         )
         outcome = await ctx.publish_and_wait(command)
         if isinstance(outcome, Rejected):
@@ -114,34 +171,53 @@ def runs_router(ctx: ApiContext) -> APIRouter:
             return pending_response(outcome)
         return outcome.view
 
-    @router.post(
+    @api.post(
         "/runs/{run_id}/retry", summary="Retry a run: same run if interrupted, a new run if it ended"
     )
     async def retry_run(
         run_id: str,
         body: RetryRequest,
         request: Request,
-        response: Response,
-        idempotency_key: str | None = Header(default=None, alias="Idempotency-Key", max_length=200),
+        idempotency_key: str | None = _IDEMPOTENCY_KEY,
     ) -> Any:
         who = ctx.principal(request)  # a fresh permission check, by whoever retries now
         current = await ctx.view(run_id)
         if current is None:
             raise ApiProblem("run-not-found", f"run {run_id} does not exist", runId=run_id)
+        may_act_on_run(who, current, "retrying")
+        key = idempotency_key or uuid.uuid4().hex
+        fields = body.model_dump(mode="json")
+        # A repeat answers what the first request did, even if the run has moved on since
+        # (an interrupted run retried in place may have ended by now).
+        in_place = KeyedRequest.of(run_id, "RetryRun", key, who.name, fields)
+        first = in_place.find(current["history"], "causationId")
+        if first is not None:
+            in_place.check(first["causationId"], _retry_fields(dict(first)), f"a retry of run {run_id}")
+            return current
+        child_key = f"retry:{run_id}:{key}"
+        child_id = run_id_for(current["tenant"], child_key)
+        as_new = KeyedRequest.of(child_id, "SubmitRun", child_key, who.name, fields)
+        child = await ctx.view(child_id)
+        if child is not None:
+            submitted = child["history"][0]
+            # The retry's reason is not recorded in the new run; only its caller is.
+            as_new.check(
+                submitted["causationId"],
+                {PRINCIPAL_FIELD: child.get("submittedBy")},
+                f"a retry of run {run_id} (as run {child_id})",
+            )
+            return JSONResponse(child, status_code=201, headers={"Location": f"/runs/{child_id}"})
         if not body.acknowledgeRepeatedEffects:
             raise ApiProblem(
                 "retry-needs-acknowledgement",
                 "external actions of the earlier attempt may repeat; send acknowledgeRepeatedEffects=true",
                 runId=run_id,
             )
-        key = idempotency_key or uuid.uuid4().hex
         command: SubmitRun | RetryRun
         if current["status"] in TERMINAL_VALUES:
             # EXE-5: a terminal run is never reopened; its retry is a new run that points back.
-            child_key = f"retry:{run_id}:{key}"
-            child_id = run_id_for(current["tenant"], child_key)
             command = SubmitRun(
-                command_id=command_id_for(child_id, "SubmitRun", child_key),
+                command_id=as_new.command_id,
                 run_id=child_id,
                 issued_at=ctx.deps.clock.now_ms(),
                 correlation_id=request.headers.get("x-correlation-id") or run_id,
@@ -154,12 +230,9 @@ def runs_router(ctx: ApiContext) -> APIRouter:
                 max_attempts=current["maxAttempts"],
                 parent_run_id=run_id,
             )
-            existing = await ctx.view(child_id)
-            if existing is not None:
-                return existing
         else:
             command = RetryRun(
-                command_id=command_id_for(run_id, "RetryRun", key),
+                command_id=in_place.command_id,
                 run_id=run_id,
                 issued_at=ctx.deps.clock.now_ms(),
                 correlation_id=request.headers.get("x-correlation-id") or run_id,
@@ -173,42 +246,37 @@ def runs_router(ctx: ApiContext) -> APIRouter:
         if isinstance(outcome, PendingCommand):
             return pending_response(outcome)
         if isinstance(command, SubmitRun):
-            response.status_code = 201
-            response.headers["Location"] = f"/runs/{command.run_id}"
+            location = {"Location": f"/runs/{command.run_id}"}
+            return JSONResponse(outcome.view, status_code=201, headers=location)
         return outcome.view
 
-    @router.get("/runs/{run_id}", summary="The Run view")
-    async def get_run(run_id: str, request: Request) -> Any:
-        ctx.principal(request)
+    @api.get("/runs/{run_id}", summary="The Run view")
+    async def get_run(run_id: str) -> Any:
         view = await ctx.view(run_id)
         if view is None:
             raise ApiProblem("run-not-found", f"run {run_id} does not exist", runId=run_id)
         return view
 
-    @router.get("/runs", response_model=RunPage, summary="List runs, oldest submissions first")
+    @api.get("/runs", response_model=RunPage, summary="List runs, oldest submissions first")
     async def list_runs(
-        request: Request,
         status: str | None = Query(default=None, description=f"One of {', '.join(STATUS_VALUES)}"),
         limit: int = Query(default=50, ge=1, le=500),
         cursor: str | None = Query(default=None),
     ) -> Any:
-        ctx.principal(request)
         if status is not None and status not in STATUS_VALUES:
             raise ApiProblem(
                 "validation-failed", f"status must be one of {', '.join(STATUS_VALUES)}, not {status!r}"
             )
         try:
-            page = await asyncio.to_thread(ctx.deps.views.list, status, limit, cursor)
+            page = await ctx.in_thread("the run views", ctx.deps.views.list, status, limit, cursor)
         except BadCursor as exc:
             raise ApiProblem("invalid-cursor", str(exc)) from exc
         return RunPage(items=page.items, nextCursor=page.next_cursor)
-
-    @router.get("/healthz", summary="Liveness and readiness")
-    async def healthz() -> Any:
-        return {"status": "ok"}
 
     @router.get("/metrics", include_in_schema=False)
     async def prometheus_metrics() -> Response:
         return PlainTextResponse(generate_latest(ctx.metrics), media_type=CONTENT_TYPE_LATEST)
 
+    router.include_router(api)
+    router.include_router(health_router(ctx))
     return router

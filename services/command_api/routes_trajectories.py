@@ -6,12 +6,14 @@ GET /runs/{runId}/trajectory), and finishes or aborts it. Operators approve pivo
 the incidents of frozen trajectories.
 
 Command ids (idempotency), the convention of the claim, cancel and takeover routes: every POST
-takes an optional `Idempotency-Key` header. With it the command id is
-`command_id_for(runId, <command type>, key)`, so a retried request is the same command, decided
-once; a repeat whose decision this API has seen (or that the view names among the step's
-dispatches or the trajectory's recent commands) is answered again rather than re-sent. Without
-it every request is a new command. The orchestrator also remembers refused command ids: after
-fixing a refused request, send it with a new key.
+takes an optional `Idempotency-Key` header. With it the command id is derived from the run, the
+command type, the key and the whole canonical request (services/command_api/idempotency.py), so
+a retried request is the same command, decided once; a repeat that the view names among the
+step's dispatches or the trajectory's recent commands is answered again rather than re-sent,
+and the same key with a different request is 409 idempotency-key-conflict naming the fields
+that differ. Without it every request is a new command. The orchestrator remembers refused
+command ids: the same refused request again is not decided again (its answer, if this API saw
+it, is); a corrected request is a different request and is decided afresh.
 
 Every runner command is checked here against the run's lease as the Run view shows it (the
 attempt must be the current lease, still active, held by the calling principal), because the
@@ -22,18 +24,30 @@ Rejections become problem+json with the orchestrator's `code` and `detail`.
 from __future__ import annotations
 
 import asyncio
-import time
-import uuid
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from services.command_api.auth import Principal
 from services.command_api.context import ApiContext, Outcome, pending_response
-from services.command_api.models import PendingCommand
-from services.command_api.problems import ApiProblem, problem_response
+from services.command_api.idempotency import PRINCIPAL_FIELD, KeyedRequest
+from services.command_api.models import (
+    ApiBody,
+    Identifier,
+    Money,
+    NonNegativeLong,
+    PendingCommand,
+    PositiveLong,
+    Quantity,
+    RunIdField,
+    StepIndexPath,
+    Text,
+)
+from services.command_api.problems import TRAJECTORY_REJECTION_PROBLEMS, ApiProblem, problem_response
+from services.common.auth import Role, require_role
 from services.common.contracts import (
     AbortTrajectory,
     AdoptLease,
@@ -44,59 +58,48 @@ from services.common.contracts import (
     StartTrajectory,
     StepIntentRecorded,
 )
+from services.common.contracts.ids import run_id_of_attempt
 from services.common.decisions import Rejected
-from services.common.ids import canonical_json, command_id_for
-from services.lease_coordinator.domain import run_id_of_attempt
+from services.common.ids import canonical_json
 
 __all__ = ["trajectories_router"]
 
-OPERATOR_ROLE = "operator"
 # Step statuses in which the orchestrator still owes the step an outcome.
 _IN_FLIGHT = ("pending", "dispatched", "preparing", "awaiting-gate")
 
-# Rejection codes of the orchestrator -> the problem type the API answers with.
-_CODE_PROBLEMS = {
-    "TRAJECTORY_NOT_FOUND": "trajectory-not-found",
-    "TRAJECTORY_EXISTS": "trajectory-exists",
-    "TRAJECTORY_ENDED": "trajectory-ended",
-    "UNKNOWN_TOOL": "unknown-tool",
-    "INVALID_PARAMETERS": "invalid-parameters",
-    "PLAN_REJECTED": "plan-rejected",
-    "TWO_PIVOTS": "two-pivots",
-    "STALE_EPOCH": "stale-epoch",
-    "INCIDENT_NOT_OPEN": "incident-not-open",
-    "INVALID_COMMAND": "validation-failed",
-}
 
 
 # --- bodies -------------------------------------------------------------------------------------
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+_Body = ApiBody  # strict, no unknown members (models.py)
 
 
 class LeaseFields(_Body):
-    attemptId: str = Field(min_length=1, max_length=200, description="The attempt that holds the lease.")
-    leaseEpoch: int = Field(ge=1, description="The lease's fencing epoch.")
+    attemptId: Identifier = Field(
+        min_length=1, max_length=200, description="The attempt that holds the lease."
+    )
+    leaseEpoch: PositiveLong = Field(description="The lease's fencing epoch.")
 
 
 class PlanStepBody(_Body):
-    stepId: str = Field(min_length=1, max_length=200)
-    tool: str = Field(min_length=1, max_length=200)
+    stepId: Identifier = Field(min_length=1, max_length=200)
+    tool: Identifier = Field(min_length=1, max_length=200)
     params: dict[str, Any] = Field(default_factory=dict)
-    after: list[str] = Field(default_factory=list, max_length=200)
+    after: list[Annotated[Identifier, Field(min_length=1, max_length=200)]] = Field(
+        default_factory=list, max_length=200
+    )
 
 
 class BudgetBody(_Body):
-    tokens: int = Field(default=200_000, ge=0)
+    tokens: Quantity = 200_000
     steps: int = Field(default=50, ge=0, le=10_000)
-    money: float = Field(default=10.0, ge=0)
+    money: Money = 10.0
 
 
 class RerunCostBody(_Body):
-    durationMs: int = Field(default=0, ge=0)
-    money: float = Field(default=0.0, ge=0)
+    durationMs: Quantity = 0
+    money: Money = 0.0
 
 
 class StartTrajectoryBody(LeaseFields):
@@ -111,42 +114,55 @@ class StartTrajectoryBody(LeaseFields):
 
 
 class ProposeStepBody(LeaseFields):
-    tool: str = Field(min_length=1, max_length=200)
+    tool: Identifier = Field(min_length=1, max_length=200)
     params: dict[str, Any] = Field(default_factory=dict)
-    planStepId: str = Field(default="", max_length=200)
-    repairOf: int | None = Field(default=None, ge=0, description="The failed step this proposal repairs.")
-    tokensUsed: int = Field(
-        default=0, ge=0, description="Tokens the model spent since the last step (REC-3)."
+    planStepId: Identifier = Field(default="", max_length=200)
+    repairOf: NonNegativeLong | None = Field(
+        default=None, description="The failed step this proposal repairs."
     )
-    moneyUsed: float = Field(default=0.0, ge=0)
+    tokensUsed: Quantity = Field(default=0, description="Tokens the model spent since the last step (REC-3).")
+    moneyUsed: Money = 0.0
 
 
 class EndTrajectoryBody(LeaseFields):
-    reason: str = Field(
+    reason: Text = Field(
         default="", max_length=2000, description="Recorded for an abort; finish has no field for it."
     )
 
 
 class ApprovalBody(_Body):
     decision: Literal["approve", "refuse"]
-    note: str = Field(default="", max_length=2000)
+    note: Text = Field(default="", max_length=2000)
 
 
 class ResolveIncidentBody(_Body):
-    runId: str = Field(min_length=1, max_length=200)
+    runId: RunIdField
     resolution: Literal["resume", "compensated-manually", "abandon"]
-    note: str = Field(default="", max_length=2000)
-    attemptId: str = Field(
+    note: Text = Field(default="", max_length=2000)
+    attemptId: Identifier = Field(
         default="", max_length=200, description="resume: the lease taken over after the freeze."
     )
-    leaseEpoch: int = Field(default=0, ge=0)
+    leaseEpoch: NonNegativeLong = 0
 
 
 # --- helpers ------------------------------------------------------------------------------------
 
 
-def _command_id(run_id: str, command_type: str, idempotency_key: str | None) -> str:
-    return command_id_for(run_id, command_type, idempotency_key or uuid.uuid4().hex)
+def _first_command(keyed: KeyedRequest, view: dict[str, Any] | None) -> Mapping[str, Any] | None:
+    """The trajectory's record of the command a request under this key caused, if any."""
+    return keyed.find((view or {}).get("recentCommands", []), "commandId")
+
+
+def _repeat(keyed: KeyedRequest, view: dict[str, Any] | None, what: str) -> bool:
+    """True when this request was decided before; a different request under its key is 409.
+
+    The trajectory view records who sent each command but not its other fields, so a different
+    body is recognised by the command id's fingerprint and named as a candidate."""
+    first = _first_command(keyed, view)
+    if first is None:
+        return False
+    keyed.check(first["commandId"], {PRINCIPAL_FIELD: first.get("actor")}, what)
+    return True
 
 
 def _header(
@@ -164,7 +180,7 @@ def _header(
 def _rejection(rejected: Rejected, path: str) -> JSONResponse:
     r = rejected.rejection
     return problem_response(
-        _CODE_PROBLEMS.get(r.code, "trajectory-conflict"),
+        TRAJECTORY_REJECTION_PROBLEMS.get(r.code, "trajectory-conflict"),
         r.detail,
         path,
         code=r.code,
@@ -180,15 +196,45 @@ def _pending(pending: PendingCommand) -> JSONResponse:
     return response
 
 
-def _require_operator(who: Principal, run_id: str, what: str) -> None:
-    if who.role != OPERATOR_ROLE:
-        raise ApiProblem(
-            "forbidden", f"{who.name} has role {who.role!r}; {what} needs the operator role", runId=run_id
-        )
+def _dispatch_of(
+    keyed: KeyedRequest, view: dict[str, Any] | None
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The step and dispatch a ProposeStep under this key recorded."""
+    for step in (view or {}).get("steps", []):
+        for dispatch in step["dispatches"]:
+            if keyed.under_key(dispatch["commandId"]):
+                return step, dispatch
+    return None
 
 
-def _decided_before(view: dict[str, Any] | None, command_id: str) -> bool:
-    return view is not None and any(c["commandId"] == command_id for c in view.get("recentCommands", []))
+def _proposal_fields(step: dict[str, Any], dispatch: dict[str, Any]) -> dict[str, Any]:
+    """A recorded proposal in the request's field names (the step's parameters are those of its
+    latest dispatch, so only then are they the proposal's)."""
+    recorded: dict[str, Any] = {
+        PRINCIPAL_FIELD: dispatch.get("by"),
+        "attemptId": dispatch.get("attemptId"),
+        "leaseEpoch": dispatch.get("epoch"),
+        "repairOf": dispatch.get("repairOf"),
+        "tool": step.get("tool"),
+    }
+    if step.get("dispatch") == dispatch.get("dispatch"):
+        recorded["params"] = step.get("params") or {}
+    return recorded
+
+
+def _resolution_fields(view: dict[str, Any], first: Mapping[str, Any]) -> dict[str, Any]:
+    """The resolution a recorded ResolveIncident made, found by who resolved it and when."""
+    recorded: dict[str, Any] = {PRINCIPAL_FIELD: first.get("actor")}
+    for incident in view.get("incidents", []):
+        if incident.get("resolvedAt") == first.get("at") and incident.get("resolvedBy") == first.get("actor"):
+            recorded.update(
+                incidentId=incident["incidentId"],
+                resolution=incident["resolution"],
+                note=incident.get("resolutionNote") or "",
+                attemptId=incident.get("resumedAttemptId") or "",
+                leaseEpoch=incident.get("resumedEpoch") or 0,
+            )
+    return recorded
 
 
 def _ticket(run_id: str, step: dict[str, Any], dispatch: dict[str, Any], replayed: bool) -> dict[str, Any]:
@@ -214,20 +260,19 @@ async def _current_lease(
     """The run's lease when (attempt, epoch) is it, still active, held by `who`; else a problem.
 
     A grant is answered before the projection shows it, so a lease newer than the view is
-    waited for (bounded by the decision timeout) rather than refused."""
+    waited for (within the request's deadline) rather than refused."""
     if run_id_of_attempt(attempt_id) != run_id or not attempt_id.endswith(f"_{epoch}"):
         raise ApiProblem(
             "unknown-attempt",
             f"{attempt_id!r} at epoch {epoch} was never issued for run {run_id}",
             runId=run_id,
         )
-    deadline = time.monotonic() + ctx.deps.decision_timeout_s
     while True:
         view = await ctx.view(run_id)
         if view is None:
             raise ApiProblem("run-not-found", f"run {run_id} does not exist", runId=run_id)
         lease = view.get("lease") or {}
-        if int(lease.get("epoch", 0)) >= epoch or time.monotonic() >= deadline:
+        if int(lease.get("epoch", 0)) >= epoch or ctx.remaining() <= 0.02:
             break
         await asyncio.sleep(0.02)
     current = int(lease.get("epoch", 0))
@@ -256,10 +301,8 @@ async def _current_lease(
 
 
 def trajectories_router(ctx: ApiContext) -> APIRouter:
-    router = APIRouter()
-
-    async def trajectory_view(run_id: str) -> dict[str, Any] | None:
-        return await asyncio.to_thread(ctx.deps.views.trajectory, run_id)
+    router = ctx.guarded()
+    trajectory_view = ctx.trajectory_view
 
     async def decide(command: Any, path: str, *, status: int = 200) -> Any:
         outcome = await ctx.publish_trajectory_and_wait(command)
@@ -285,12 +328,24 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
     ) -> Any:
         who = ctx.principal(request)
         await _current_lease(ctx, run_id, body.attemptId, body.leaseEpoch, who)
-        command_id = _command_id(run_id, "StartTrajectory", idempotency_key)
-        existing = await trajectory_view(run_id)
-        if _decided_before(existing, command_id):
-            return existing
         budget = body.budget or BudgetBody()
         rerun = body.rerunCost or RerunCostBody()
+        fields = body.model_dump(mode="json") | {
+            "budget": budget.model_dump(mode="json"),
+            "rerunCost": rerun.model_dump(mode="json"),
+        }
+        keyed = KeyedRequest.of(run_id, "StartTrajectory", idempotency_key, who.name, fields)
+        existing = await trajectory_view(run_id)
+        first = _first_command(keyed, existing)
+        if first is not None and existing is not None:
+            recorded = {
+                PRINCIPAL_FIELD: first.get("actor"),
+                "pivotApproval": existing.get("pivotApproval"),
+                "rerunCost": existing.get("rerunCost"),
+            }
+            keyed.check(first["commandId"], recorded, f"the trajectory of run {run_id}")
+            return JSONResponse(existing, status_code=201, headers={"Location": f"/runs/{run_id}/trajectory"})
+        command_id = keyed.command_id
         command = StartTrajectory(
             **_header(ctx, request, who, run_id, command_id),
             attempt_id=body.attemptId,
@@ -306,8 +361,7 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
         return await decide(command, request.url.path, status=201)
 
     @router.get("/runs/{run_id}/trajectory", summary="The trajectory view: steps, stack, decisions, incident")
-    async def get_trajectory(run_id: str, request: Request) -> Any:
-        ctx.principal(request)
+    async def get_trajectory(run_id: str) -> Any:
         view = await trajectory_view(run_id)
         if view is None:
             raise ApiProblem("trajectory-not-found", f"run {run_id} has no trajectory", runId=run_id)
@@ -333,12 +387,20 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
         """
         who = ctx.principal(request)
         await _current_lease(ctx, run_id, body.attemptId, body.leaseEpoch, who)
-        command_id = _command_id(run_id, "ProposeStep", idempotency_key)
+        fields = body.model_dump(mode="json")
+        keyed = KeyedRequest.of(run_id, "ProposeStep", idempotency_key, who.name, fields)
+        command_id = keyed.command_id
         existing = await trajectory_view(run_id)
-        for step in (existing or {}).get("steps", []):
-            for dispatch in step["dispatches"]:
-                if dispatch["commandId"] == command_id:
-                    return _step_accepted(_ticket(run_id, step, dispatch, replayed=True), run_id)
+        recorded_step = _dispatch_of(keyed, existing)
+        if recorded_step is not None:
+            step, dispatch = recorded_step
+            keyed.check(dispatch["commandId"], _proposal_fields(step, dispatch), f"a step of run {run_id}")
+            return _step_accepted(_ticket(run_id, step, dispatch, replayed=True), run_id)
+        if _repeat(keyed, existing, f"a step of run {run_id}"):
+            # Decided, but not (yet) as a dispatch of a step: the view names it once caught up.
+            return _pending(
+                PendingCommand(runId=run_id, commandId=command_id, detail="decided; poll the trajectory")
+            )
         command = ProposeStep(
             **_header(ctx, request, who, run_id, command_id),
             attempt_id=body.attemptId,
@@ -382,18 +444,20 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
     )
     async def approve_pivot(
         run_id: str,
-        index: int,
+        index: StepIndexPath,
         body: ApprovalBody,
         request: Request,
         idempotency_key: str | None = Header(default=None, alias="Idempotency-Key", max_length=200),
     ) -> Any:
         who = ctx.principal(request)
-        _require_operator(who, run_id, "approving a pivot")
-        command_id = _command_id(run_id, "ApprovePivot", idempotency_key)
+        require_role(who, "approving a pivot", Role.OPERATOR)
+        fields = {"stepIndex": index, **body.model_dump(mode="json")}
+        keyed = KeyedRequest.of(run_id, "ApprovePivot", idempotency_key, who.name, fields)
+        command_id = keyed.command_id
         existing = await trajectory_view(run_id)
         if existing is None:
             raise ApiProblem("trajectory-not-found", f"run {run_id} has no trajectory", runId=run_id)
-        if _decided_before(existing, command_id):
+        if _repeat(keyed, existing, f"an approval of run {run_id}"):
             return existing
         command = ApprovePivot(
             **_header(ctx, request, who, run_id, command_id),
@@ -414,9 +478,12 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
         """A command only the run's lease holder may send: checked, deduplicated, decided."""
         who = ctx.principal(request)
         await _current_lease(ctx, run_id, lease.attemptId, lease.leaseEpoch, who)
-        command_id = _command_id(run_id, kind.__name__, idempotency_key)
+        keyed = KeyedRequest.of(
+            run_id, kind.__name__, idempotency_key, who.name, lease.model_dump(mode="json")
+        )
+        command_id = keyed.command_id
         existing = await trajectory_view(run_id)
-        if _decided_before(existing, command_id):
+        if _repeat(keyed, existing, f"a {kind.__name__} of run {run_id}"):
             return existing
         if kind is AdoptLease and isinstance(existing, dict) and existing.get("epoch") == lease.leaseEpoch:
             return existing  # already the trajectory's lease: nothing to decide
@@ -466,9 +533,8 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
         )
 
     @router.get("/incidents", summary="Open incidents of frozen trajectories, oldest first (REC-7)")
-    async def list_incidents(request: Request) -> Any:
-        ctx.principal(request)
-        items = await asyncio.to_thread(ctx.deps.views.open_incidents)
+    async def list_incidents() -> Any:
+        items = await ctx.in_thread("the incident views", ctx.deps.views.open_incidents)
         return {"items": items}
 
     @router.post(
@@ -485,7 +551,7 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
         /runs/{runId}/lease/takeover): pass its attemptId and leaseEpoch."""
         who = ctx.principal(request)
         run_id = body.runId
-        _require_operator(who, run_id, "resolving an incident")
+        require_role(who, "resolving an incident", Role.OPERATOR)
         if body.resolution == "resume":
             if not body.attemptId or body.leaseEpoch < 1:
                 raise ApiProblem(
@@ -494,11 +560,15 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
                     runId=run_id,
                 )
             await _current_lease(ctx, run_id, body.attemptId, body.leaseEpoch, None)
-        command_id = _command_id(run_id, "ResolveIncident", idempotency_key)
+        fields = {"incidentId": incident_id, **body.model_dump(mode="json")}
+        keyed = KeyedRequest.of(run_id, "ResolveIncident", idempotency_key, who.name, fields)
+        command_id = keyed.command_id
         existing = await trajectory_view(run_id)
         if existing is None:
             raise ApiProblem("trajectory-not-found", f"run {run_id} has no trajectory", runId=run_id)
-        if _decided_before(existing, command_id):
+        first = _first_command(keyed, existing)
+        if first is not None:
+            keyed.check(first["commandId"], _resolution_fields(existing, first), f"incident {incident_id}")
             return existing
         command = ResolveIncident(
             **_header(ctx, request, who, run_id, command_id),

@@ -8,55 +8,58 @@ the verdict, so decisions stay free of I/O.
 from __future__ import annotations
 
 import asyncio
+import json
 import tempfile
 import uuid
 from typing import Any, BinaryIO, cast
 
-import jsonschema
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from services.command_api.context import ApiContext, check_holder, pending_response, rejection_problem
-from services.command_api.models import PendingCommand
+from services.command_api.idempotency import PRINCIPAL_FIELD, conflict_problem, differing_fields
+from services.command_api.input_schemas import answer_problem, schema_problem
+from services.command_api.models import (
+    ApiBody,
+    Identifier,
+    NonNegativeLong,
+    PendingCommand,
+    PositiveLong,
+    Text,
+)
 from services.command_api.problems import ApiProblem
+from services.common.auth import Role
 from services.common.contracts import ProvideInput, RequestInput, RequestUploadGrant, UploadGrantIssued
+from services.common.contracts.ids import run_id_of_attempt, run_id_of_grant
 from services.common.decisions import Rejected
 from services.common.ids import canonical_json, command_id_for
 from services.common.objectstore import KeyExists, ManifestEntry, ObjectTooLarge
-from services.lease_coordinator.domain import run_id_of_attempt, run_id_of_grant
 
 __all__ = ["verify_manifest", "work_router"]
 
-OPERATOR_ROLE = "operator"
 
 
-class InputRequestBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    leaseEpoch: int = Field(ge=1)
-    sequence: int = Field(ge=1)
-    checkpointDigest: str = Field(min_length=1, max_length=200)
+class InputRequestBody(ApiBody):
+    leaseEpoch: PositiveLong
+    sequence: PositiveLong
+    checkpointDigest: Identifier = Field(min_length=1, max_length=200)
     inputSchema: dict[str, Any] = Field(description="JSON Schema the answer must satisfy.")
-    prompt: str = Field(min_length=1, max_length=10_000)
-    expiresAt: int = Field(description="Epoch millis on the coordinator's clock.")
+    prompt: Text = Field(min_length=1, max_length=10_000)
+    expiresAt: NonNegativeLong = Field(description="Epoch millis on the coordinator's clock.")
 
 
-class InputAnswerBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    responseId: str = Field(
+class InputAnswerBody(ApiBody):
+    responseId: Identifier = Field(
         min_length=1, max_length=200, description="Repeats are answered, never re-applied."
     )
     answer: Any
 
 
-class UploadGrantBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    leaseEpoch: int = Field(ge=1)
-    destination: str = Field(min_length=1, max_length=256)
-    maxBytes: int = Field(ge=1)
-    mediaType: str = Field(default="application/octet-stream", max_length=200)
+class UploadGrantBody(ApiBody):
+    leaseEpoch: PositiveLong
+    destination: Identifier = Field(min_length=1, max_length=256)
+    maxBytes: PositiveLong
+    mediaType: Identifier = Field(default="application/octet-stream", max_length=200)
 
 
 def _run_of_attempt(attempt_id: str) -> str:
@@ -91,8 +94,22 @@ def verify_manifest(ctx: ApiContext, view: dict[str, Any], manifest: list[dict[s
     return "; ".join(problems)
 
 
+def _input_request_fields(entry: dict[str, Any]) -> dict[str, Any]:
+    """A recorded InputRequested in the request's field names."""
+    details = entry.get("details", {})
+    schema = details.get("inputSchema")
+    return {
+        PRINCIPAL_FIELD: entry.get("actor"),
+        "leaseEpoch": details.get("epoch"),
+        "checkpointDigest": details.get("checkpointDigest"),
+        "inputSchema": json.loads(schema) if isinstance(schema, str) else schema,
+        "prompt": details.get("prompt"),
+        "expiresAt": details.get("expiresAt"),
+    }
+
+
 def work_router(ctx: ApiContext) -> APIRouter:
-    router = APIRouter()
+    router = ctx.guarded()
 
     async def view_of(run_id: str) -> dict[str, Any]:
         view = await ctx.view(run_id)
@@ -104,17 +121,31 @@ def work_router(ctx: ApiContext) -> APIRouter:
         "/attempts/{attempt_id}/input-request", summary="Save a checkpoint and wait for input (EXE-8)"
     )
     async def request_input(attempt_id: str, body: InputRequestBody, request: Request) -> Any:
+        """A repeat of the same sequence answers the acknowledgement again; another body is 409."""
         who = ctx.principal(request)
         run_id = _run_of_attempt(attempt_id)
         await check_holder(ctx, who.name, run_id, attempt_id)
-        try:
-            jsonschema.validators.validator_for(body.inputSchema).check_schema(body.inputSchema)
-        except jsonschema.SchemaError as exc:
-            raise ApiProblem(
-                "validation-failed", f"inputSchema is not a valid JSON Schema: {exc.message}"
-            ) from exc
+        command_id = command_id_for(run_id, "RequestInput", f"{attempt_id}/{body.sequence}")
+        view = await view_of(run_id)
+        first = next((e for e in view["history"] if e.get("causationId") == command_id), None)
+        if first is not None:
+            request_fields = {PRINCIPAL_FIELD: who.name, **body.model_dump(mode="json")}
+            fields = differing_fields(request_fields, _input_request_fields(dict(first)))
+            if fields:
+                raise conflict_problem(
+                    f"sequence {body.sequence} of attempt {attempt_id}", run_id, "an input request", fields
+                )
+            return {
+                "acknowledged": True,
+                "requestId": first["details"]["requestId"],
+                "runStatus": view["status"],
+                "leaseReleased": True,
+            }
+        schema_refused = schema_problem(body.inputSchema)
+        if schema_refused:
+            raise ApiProblem("validation-failed", schema_refused)
         command = RequestInput(
-            command_id=command_id_for(run_id, "RequestInput", f"{attempt_id}/{body.sequence}"),
+            command_id=command_id,
             run_id=run_id,
             issued_at=ctx.deps.clock.now_ms(),
             correlation_id=attempt_id,
@@ -143,25 +174,26 @@ def work_router(ctx: ApiContext) -> APIRouter:
 
     @router.post("/runs/{run_id}/input", summary="Answer a run that waits for input (EXE-8)")
     async def provide_input(run_id: str, body: InputAnswerBody, request: Request) -> Any:
+        """A repeat of the same responseId answers the view again; with another answer it is 409."""
         who = ctx.principal(request)
         view = await view_of(run_id)
-        if who.name != view["submittedBy"] and who.role != OPERATOR_ROLE:
+        if who.name != view["submittedBy"] and who.role != Role.OPERATOR:
             raise ApiProblem("forbidden", f"{who.name} may not answer run {run_id}", runId=run_id)
         wait = view.get("input")
         if wait is None:
             raise ApiProblem("invalid-transition", f"run {run_id} never asked for input", runId=run_id)
         answered = wait.get("response")
         if answered is not None and answered["responseId"] == body.responseId:
+            fields = differing_fields(
+                {PRINCIPAL_FIELD: who.name, "answer": body.answer},
+                {PRINCIPAL_FIELD: answered.get("by"), "answer": answered.get("answer")},
+            )
+            if fields:
+                raise conflict_problem(f"responseId {body.responseId!r}", run_id, "an answer", fields)
             return view  # the same answer again: no further attempt
-        try:
-            jsonschema.validate(body.answer, wait["inputSchema"])
-        except jsonschema.ValidationError as exc:
-            raise ApiProblem(
-                "input-invalid",
-                f"the answer does not match the input schema: {exc.message}",
-                path=list(exc.absolute_path),
-                runId=run_id,
-            ) from exc
+        answer_refused = answer_problem(body.answer, wait["inputSchema"])
+        if answer_refused:
+            raise ApiProblem("input-invalid", answer_refused[0], path=answer_refused[1], runId=run_id)
         command = ProvideInput(
             command_id=command_id_for(run_id, "ProvideInput", body.responseId),
             run_id=run_id,
@@ -214,19 +246,21 @@ def work_router(ctx: ApiContext) -> APIRouter:
 
     @router.put("/uploads/{grant_id}", status_code=201, summary="Upload the bytes of a granted artifact")
     async def upload(grant_id: str, request: Request) -> Any:
-        ctx.principal(request)
+        """Only the holder of the attempt the grant was issued to may upload under it."""
+        who = ctx.principal(request)
         run_id = run_id_of_grant(grant_id)
         if run_id is None:
             raise ApiProblem("grant-not-found", f"{grant_id!r} is not an upload grant")
         grant = None
-        for _ in range(100):  # the grant is committed; the view may trail it by a few ms
+        while True:  # the grant is committed; the view may trail it by a few ms
             view = await view_of(run_id)
             grant = next((g for g in view.get("uploadGrants", []) if g["grantId"] == grant_id), None)
-            if grant is not None:
+            if grant is not None or ctx.remaining() <= 0.02:
                 break
             await asyncio.sleep(0.02)
         if grant is None:
             raise ApiProblem("grant-not-found", f"no upload grant {grant_id} for run {run_id}")
+        await check_holder(ctx, who.name, run_id, grant["attemptId"])
         if ctx.deps.clock.now_ms() >= grant["expiresAt"]:
             raise ApiProblem("grant-expired", f"upload grant {grant_id} expired at {grant['expiresAt']}")
         limit = int(grant["maxBytes"])

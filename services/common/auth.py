@@ -3,6 +3,7 @@
 `TENURE_API_KEYS="key=principal:role,..."`. Callers send `Authorization: Bearer <key>`. Roles:
 
 * `submitter`: submits runs and acts on the leases it claimed (the default role);
+* `runner`: a runner host's identity; like a submitter, it acts on the leases it claimed;
 * `operator`: takeovers, the block policy, incident resolution;
 * `service`: Tenure's own processes (the saga orchestrator acting for a trajectory); the key a
   process presents is `TENURE_SERVICE_KEY`.
@@ -34,6 +35,7 @@ __all__ = [
 
 class Role(StrEnum):
     SUBMITTER = "submitter"
+    RUNNER = "runner"
     OPERATOR = "operator"
     SERVICE = "service"
     VERIFIER = "verifier"

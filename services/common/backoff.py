@@ -22,8 +22,13 @@ def full_jitter_s(attempt: int, base_s: float, cap_s: float, unit_random: float)
         raise ValueError(f"attempt, base and cap must not be negative (got {attempt}, {base_s}, {cap_s})")
     if not 0.0 <= unit_random < 1.0:
         raise ValueError(f"unit_random must be in [0, 1), got {unit_random}")
-    # 2**attempt overflows a float past ~1024; the cap is reached long before.
-    ceiling = cap_s if attempt >= 64 else min(cap_s, base_s * 2**attempt)
+    # 2**attempt overflows a float past ~1024; with any base > 0 the cap is reached long before.
+    if base_s == 0:
+        ceiling: float = 0
+    elif attempt >= 64:
+        ceiling = cap_s
+    else:
+        ceiling = min(cap_s, base_s * 2**attempt)
     return unit_random * ceiling
 
 

@@ -4,9 +4,10 @@ The broker jars come from Maven Central (scripts/kafka/pom.xml) into a git-ignor
 laptop or CI box with Java 17 and Maven gets the same broker the Docker Compose file runs.
 
 CLI: ``python -m services.common.broker {fetch,start,stop,status,run}``.
-Env: KAFKA_BOOTSTRAP_SERVERS (use that broker, start nothing), TENURE_KAFKA_PORT (listener port),
-TENURE_STATE_DIR (launcher state lives in ``$TENURE_STATE_DIR/kafka``), TENURE_KAFKA_CACHE (jar
-folder), TENURE_KAFKA_JVM_OPTS (replaces the default JVM flags).
+Settings (TenureSettings, README "Configuration"): KAFKA_BOOTSTRAP_SERVERS (use that broker, start
+nothing), TENURE_KAFKA_PORT (listener port), TENURE_STATE_DIR (launcher state lives in
+``$TENURE_STATE_DIR/kafka``), TENURE_KAFKA_CACHE (jar folder), TENURE_KAFKA_JVM_OPTS (replaces the
+default JVM flags), JAVA_HOME.
 """
 
 from __future__ import annotations
@@ -26,11 +27,29 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.common._broker_config import (
+    DEFAULT_JVM_OPTS,
+    FAST_RESTART_PROPERTIES,
+    HOST,
+    KAFKA_DEFAULT_SESSION_PROPERTIES,
+    LOG4J2_CONFIG,
+    STARTED_LOG_LINE,
+    TOOL_JVM_OPTS,
+    server_properties,
+)
+from services.common.lifeline import lifeline_argv
+from services.common.settings import TenureSettings
+
 __all__ = [
+    "DEFAULT_JVM_OPTS",
+    "FAST_RESTART_PROPERTIES",
+    "KAFKA_DEFAULT_SESSION_PROPERTIES",
     "KAFKA_VERSION",
+    "LOG4J2_CONFIG",
     "BrokerError",
     "BrokerHandle",
     "BrokerNotRunningError",
@@ -62,38 +81,8 @@ def _kafka_version_from_pom() -> str:
 
 
 KAFKA_VERSION = _kafka_version_from_pom()
-HOST = "127.0.0.1"
 JARS_MARKER = ".tenure-complete"
 STATE_FILE = "broker.json"
-STARTED_LOG_LINE = "Kafka Server started"
-# Measured on a 2-core box: C1-only JIT (TieredStopAtLevel=1) cuts a restart from ~2.1 s to
-# ~1.6 s and peak throughput is irrelevant for a dev/test broker; 1 GiB heap leaves room for the
-# services next to it.
-DEFAULT_JVM_OPTS = (
-    "-Xms256m",
-    "-Xmx1g",
-    "-XX:+UseG1GC",
-    "-XX:MaxGCPauseMillis=20",
-    "-XX:TieredStopAtLevel=1",
-    "-XX:+ExitOnOutOfMemoryError",
-    "-Djava.awt.headless=true",
-)
-# StorageTool runs for under a second: skip the JIT's C2 tier and G1's set-up entirely.
-TOOL_JVM_OPTS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xshare:auto")
-LOG4J2_CONFIG = """\
-status = warn
-# The JVM shutdown hook of log4j races Kafka's own hook and prints noise on SIGTERM.
-shutdownHook = disable
-appender.console.type = Console
-appender.console.name = STDOUT
-appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = WARN
-rootLogger.appenderRef.console.ref = STDOUT
-# Readiness detection waits for this logger's "Kafka Server started" line.
-logger.raftserver.name = kafka.server.KafkaRaftServer
-logger.raftserver.level = INFO
-"""
 
 
 class BrokerError(RuntimeError):
@@ -117,13 +106,12 @@ def _say(message: str) -> None:
 
 
 def default_state_dir() -> Path:
-    base = os.environ.get("TENURE_STATE_DIR")
-    return (Path(base) if base else REPO_ROOT / ".tenure") / "kafka"
+    return TenureSettings().state_dir / "kafka"
 
 
 def default_cache_dir() -> Path:
-    configured = os.environ.get("TENURE_KAFKA_CACHE")
-    return Path(configured) if configured else REPO_ROOT / ".cache" / "kafka" / KAFKA_VERSION / "libs"
+    configured = TenureSettings().kafka_cache
+    return configured if configured else REPO_ROOT / ".cache" / "kafka" / KAFKA_VERSION / "libs"
 
 
 def ensure_jars(cache_dir: Path | None = None) -> Path:
@@ -180,6 +168,14 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((HOST, 0))
         return int(probe.getsockname()[1])
+
+
+def _port_free(port: int) -> bool:
+    try:
+        _require_free(port)
+    except BrokerStartError:
+        return False
+    return True
 
 
 def _require_free(port: int) -> None:
@@ -286,6 +282,12 @@ class BrokerHandle:
             return self._child.poll() is None
         return self.pid is not None and _pid_alive(self.pid)
 
+    def exit_code(self) -> int | None:
+        """The broker's exit status once it has exited (-N: killed by signal N), else None."""
+        if self._child is not None:
+            return self._child.poll()
+        return None if self.running() else -1
+
 
 def _read_state(state_dir: Path) -> dict[str, object] | None:
     try:
@@ -323,7 +325,7 @@ def broker_status(state_dir: Path | None = None) -> dict[str, object] | None:
 
 def resolve_bootstrap(state_dir: Path | None = None) -> str:
     """KAFKA_BOOTSTRAP_SERVERS if set, else the address of the running launcher broker."""
-    configured = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    configured = TenureSettings().kafka_bootstrap_servers
     if configured:
         return configured
     state = broker_status(state_dir)
@@ -344,40 +346,24 @@ def _cluster_id() -> str:
             return encoded
 
 
-def _server_properties(port: int, controller_port: int, data_dir: Path) -> str:
-    settings = {
-        "process.roles": "broker,controller",
-        "node.id": "1",
-        "listeners": f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://{HOST}:{port}",
-        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-        "inter.broker.listener.name": "PLAINTEXT",
-        "controller.listener.names": "CONTROLLER",
-        "controller.quorum.bootstrap.servers": f"{HOST}:{controller_port}",
-        "log.dirs": str(data_dir),
-        "auto.create.topics.enable": "false",  # Tenure creates every topic explicitly
-        "num.partitions": "1",
-        "default.replication.factor": "1",
-        "min.insync.replicas": "1",
-        "offsets.topic.replication.factor": "1",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
-        # One node gains nothing from 50 coordinator partitions; fewer logs start faster.
-        "offsets.topic.num.partitions": "5",
-        "transaction.state.log.num.partitions": "5",
-        "group.initial.rebalance.delay.ms": "0",
-        "num.network.threads": "2",
-        "num.io.threads": "4",
-        "num.recovery.threads.per.data.dir": "1",
-    }
-    return "".join(f"{key}={value}\n" for key, value in settings.items())
+def _previous_controller_port(config_file: Path, data_dir: Path) -> int | None:
+    """The controller port a formatted data dir was started with, if it is free again.
+
+    The standalone format writes the controller's endpoint into the metadata log's voter set;
+    coming back on the same port keeps that record true instead of updating it on every start."""
+    if not (data_dir / "meta.properties").exists():
+        return None
+    try:
+        found = re.search(r"^controller\.quorum\.bootstrap\.servers=.*:(\d+)$", config_file.read_text(), re.M)
+    except OSError:
+        return None
+    port = int(found.group(1)) if found else None
+    return port if port is not None and _port_free(port) else None
 
 
 def _java() -> str:
-    java_home = os.environ.get("JAVA_HOME")
-    found = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
+    java_home = TenureSettings().java_home
+    found = str(java_home / "bin" / "java") if java_home else shutil.which("java")
     if not found or not Path(found).exists():
         raise BrokerStartError("no 'java' found (set JAVA_HOME or put Java 17+ on PATH)")
     return found
@@ -433,8 +419,8 @@ def _format_storage(jars: Path, config_file: Path, data_dir: Path) -> None:
 def _jvm_options(explicit: list[str] | None) -> list[str]:
     if explicit is not None:
         return explicit
-    from_env = os.environ.get("TENURE_KAFKA_JVM_OPTS")
-    return shlex.split(from_env) if from_env else list(DEFAULT_JVM_OPTS)
+    configured = TenureSettings().kafka_jvm_opts
+    return shlex.split(configured) if configured.strip() else list(DEFAULT_JVM_OPTS)
 
 
 def start_broker(
@@ -444,13 +430,20 @@ def start_broker(
     cache_dir: Path | None = None,
     timeout: float = 60.0,
     jvm_options: list[str] | None = None,
+    *,
+    properties: Mapping[str, str] | None = None,
+    die_with_parent: bool = False,
 ) -> BrokerHandle:
     """Start (or reuse) the launcher broker; return once it has started and answers ApiVersions.
 
     KAFKA_BOOTSTRAP_SERVERS set: nothing starts and the handle carries that address. A broker
     already recorded in ``state_dir`` is reused; ``stop()`` on such handles does nothing.
+    ``properties`` override server properties (the restart benchmark's baseline uses it).
+    ``die_with_parent``: the broker is SIGKILLed if this process dies (Linux; see lifeline), for
+    a supervisor that must leave nothing behind; call it from the main thread then.
     """
-    configured = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    settings = TenureSettings()
+    configured = settings.kafka_bootstrap_servers
     if configured:
         return BrokerHandle(bootstrap_servers=configured)
     state_dir = Path(state_dir) if state_dir else default_state_dir()
@@ -463,15 +456,14 @@ def start_broker(
         return reused
     jars = ensure_jars(cache_dir)
     data_dir = Path(data_dir) if data_dir else state_dir / "data"
-    env_port = os.environ.get("TENURE_KAFKA_PORT")
-    port = port or (int(env_port) if env_port else free_port())
+    port = port or settings.kafka_port or free_port()
     _require_free(port)
-    controller_port = free_port()
+    config_file, log4j_file = state_dir / "server.properties", state_dir / "log4j2.properties"
+    controller_port = _previous_controller_port(config_file, data_dir) or free_port()
     while controller_port == port:
         controller_port = free_port()
     state_dir.mkdir(parents=True, exist_ok=True)
-    config_file, log4j_file = state_dir / "server.properties", state_dir / "log4j2.properties"
-    config_file.write_text(_server_properties(port, controller_port, data_dir))
+    config_file.write_text(server_properties(port, controller_port, data_dir, properties))
     log4j_file.write_text(LOG4J2_CONFIG)
     _format_storage(jars, config_file, data_dir)
     log_file = state_dir / "broker.log"
@@ -489,7 +481,7 @@ def start_broker(
     with log_file.open("wb") as log_stream:
         # Own session: Ctrl-C in the launching terminal must not kill the broker behind our back.
         child = subprocess.Popen(
-            command,
+            lifeline_argv(command) if die_with_parent else command,
             stdin=subprocess.DEVNULL,
             stdout=log_stream,
             stderr=subprocess.STDOUT,
@@ -564,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
             print(ensure_jars())
         elif arguments.command == "status":
             state = broker_status()
-            external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+            external = TenureSettings().kafka_bootstrap_servers
             if external:
                 print(f"external broker (KAFKA_BOOTSTRAP_SERVERS): {external}")
             print(json.dumps(state, indent=2) if state else "launcher broker: not running")

@@ -4,24 +4,44 @@ One background thread follows runs.events and runs.rejections from the moment th
 and resolves the waiting requests, so a request costs no polling while it waits. A waiter is
 registered before its command is published, and decisions that arrive with no waiter yet are
 remembered for a while, so no order of events can lose an answer.
+
+`publish_and_await` is bounded as a whole: the publish and the wait for the decision share one
+deadline, so a request never waits for a broker outage to end.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
+from services.common.backoff import Backoff
 from services.common.contracts import EVENT_TYPES, CommandRejected
-from services.common.kafka import CommandPublisher, OutboundRecord, TopicFollower
+from services.common.kafka import OutboundRecord, TopicFollower
 from services.common.messages import MessageCodec, UndecodableRecord
 from services.common.topics import RUNS_EVENTS, RUNS_REJECTIONS
 
-__all__ = ["Decided", "Decision", "DecisionListener", "Rejected", "publish_and_await"]
+__all__ = [
+    "Decided",
+    "Decision",
+    "DecisionBook",
+    "DecisionListener",
+    "FollowerHealth",
+    "NotDurable",
+    "Publisher",
+    "Rejected",
+    "publish_and_await",
+]
 
 _REMEMBERED = 20_000
+# A follower that has not completed a poll for this long is stuck, whatever it says.
+_STALL_S = 5.0
+
+log = logging.getLogger("tenure.decisions")
 
 
 @dataclass(frozen=True)
@@ -39,45 +59,40 @@ class Rejected:
 Decision = Decided | Rejected
 
 
-class DecisionListener:
-    def __init__(
-        self,
-        bootstrap_servers: str,
-        codec: MessageCodec,
-        topics: Sequence[str] = (RUNS_EVENTS.name, RUNS_REJECTIONS.name),
-        event_types: tuple[type[Any], ...] = EVENT_TYPES,
-        client_id: str = "tenure-api-decisions",
-    ) -> None:
-        """Follows `topics` (an aggregate's events and rejections) from their end."""
-        self._codec = codec
-        self._event_types = event_types
+class NotDurable(Exception):
+    """Kafka did not acknowledge the command in time, or refused to queue it.
+
+    Nothing is known to be recorded. When `may_land` is True the record is still queued in the
+    producer and may yet be written (until the publisher's delivery timeout), so the caller must
+    be told a retry is safe only because command ids are deterministic per Idempotency-Key."""
+
+    def __init__(self, detail: str, *, may_land: bool) -> None:
+        super().__init__(detail)
+        self.may_land = may_land
+
+
+class Publisher(Protocol):
+    def publish(self, record: OutboundRecord) -> Any: ...  # a concurrent.futures.Future[int]
+
+
+@dataclass(frozen=True)
+class FollowerHealth:
+    """What readiness needs to know of a decision follower."""
+
+    ready: bool
+    detail: str
+    lag: int | None = None
+
+
+class DecisionBook:
+    """Waiters by command id and the decisions seen recently (no Kafka here)."""
+
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[Decision]]]] = {}
         self._recent: OrderedDict[str, Decision] = OrderedDict()
-        self._stop = threading.Event()
-        self._follower = TopicFollower(
-            bootstrap_servers,
-            list(topics),
-            "end",
-            client_id=client_id,
-        )
-        self._thread = threading.Thread(target=self._run, name="decisions", daemon=True)
-        self._thread.start()
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for record in self._follower.poll(max_records=2000, timeout_s=0.1):
-                try:
-                    message = self._codec.decode(record.value)
-                except UndecodableRecord:
-                    continue
-                if isinstance(message, CommandRejected):
-                    self._deliver(message.causation_id, Rejected(message))
-                elif isinstance(message, self._event_types):
-                    self._deliver(message.causation_id, Decided(message))
-        self._follower.close()
-
-    def _deliver(self, command_id: str, decision: Decision) -> None:
+    def deliver(self, command_id: str, decision: Decision) -> None:
         with self._lock:
             self._recent[command_id] = decision
             self._recent.move_to_end(command_id)
@@ -101,10 +116,86 @@ class DecisionListener:
 
     def forget(self, command_id: str, future: asyncio.Future[Decision]) -> None:
         with self._lock:
-            waiters = self._waiters.get(command_id, [])
-            self._waiters[command_id] = [w for w in waiters if w[1] is not future]
-            if not self._waiters[command_id]:
-                del self._waiters[command_id]
+            waiters = [w for w in self._waiters.get(command_id, []) if w[1] is not future]
+            if waiters:
+                self._waiters[command_id] = waiters
+            else:
+                self._waiters.pop(command_id, None)
+
+    def health(self) -> FollowerHealth:
+        return FollowerHealth(True, "in memory")
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+
+class DecisionListener(DecisionBook):
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        codec: MessageCodec,
+        topics: Sequence[str] = (RUNS_EVENTS.name, RUNS_REJECTIONS.name),
+        event_types: tuple[type[Any], ...] = EVENT_TYPES,
+        client_id: str = "tenure-api-decisions",
+    ) -> None:
+        """Follows `topics` (an aggregate's events and rejections) from their end."""
+        super().__init__()
+        self._codec = codec
+        self._event_types = event_types
+        self._topics = tuple(topics)
+        self._stop = threading.Event()
+        self._polled_at = time.monotonic()
+        self._failure: str | None = None
+        self._lag: int | None = None
+        self._follower = TopicFollower(
+            bootstrap_servers,
+            list(topics),
+            "end",
+            client_id=client_id,
+        )
+        self._thread = threading.Thread(target=self._run, name="decisions", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        backoff = Backoff(base_s=0.1, cap_s=5.0)
+        while not self._stop.is_set():
+            try:
+                records = self._follower.poll(max_records=2000, timeout_s=0.1)
+            except Exception as exc:  # a consume error must not end the answers for good
+                if self._failure is None:
+                    log.warning("following %s failed: %s; retrying", ",".join(self._topics), exc)
+                self._failure = str(exc)
+                self._stop.wait(backoff.next_delay())
+                continue
+            if self._failure is not None:
+                log.info("following %s again", ",".join(self._topics))
+                self._failure = None
+                backoff.reset()
+            self._polled_at = time.monotonic()
+            # Measured here, in the polling thread: the consumer's position() called from another
+            # thread while this one polls blocks (confluent-kafka 2.16), and a probe would hang.
+            self._lag = self._follower.lag()
+            for record in records:
+                try:
+                    message = self._codec.decode(record.value)
+                except UndecodableRecord:
+                    continue
+                if isinstance(message, CommandRejected):
+                    self.deliver(message.causation_id, Rejected(message))
+                elif isinstance(message, self._event_types):
+                    self.deliver(message.causation_id, Decided(message))
+        self._follower.close()
+
+    def health(self) -> FollowerHealth:
+        """Ready while the thread follows every partition and keeps up with what it last heard."""
+        if not self._thread.is_alive():
+            return FollowerHealth(False, "the follower thread has stopped")
+        if self._failure is not None:
+            return FollowerHealth(False, f"consuming fails: {self._failure}")
+        stalled = time.monotonic() - self._polled_at
+        if stalled > _STALL_S:
+            return FollowerHealth(False, f"no poll completed for {stalled:.1f}s")
+        return FollowerHealth(True, f"following {', '.join(self._topics)}", self._lag)
 
     def close(self) -> None:
         self._stop.set()
@@ -117,24 +208,42 @@ def _resolve(future: asyncio.Future[Decision], decision: Decision) -> None:
 
 
 async def publish_and_await(
-    publisher: CommandPublisher,
-    listener: DecisionListener,
+    publisher: Publisher,
+    listener: DecisionBook,
     record: OutboundRecord,
     command_id: str,
     timeout_s: float,
 ) -> Decision | None:
-    """Register for the decision, publish the command, wait; None if no decision in time.
+    """Register for the decision, publish the command, wait; None if durable but undecided.
 
-    Raises whatever the publisher raises when Kafka does not take the command (nothing was sent).
+    `timeout_s` bounds the whole call. Raises NotDurable when Kafka did not acknowledge the
+    command within it (or the producer's queue is full).
     """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + max(0.0, timeout_s)
     decision = listener.register(command_id)
     try:
-        await asyncio.wrap_future(publisher.publish(record))
-    except Exception:
-        listener.forget(command_id, decision)
-        raise
-    try:
-        return await asyncio.wait_for(decision, timeout_s)
-    except TimeoutError:
-        listener.forget(command_id, decision)
-        return None
+        try:
+            produced = publisher.publish(record)
+        except BufferError as exc:
+            raise NotDurable(
+                "the producer's queue is full (Kafka has been unreachable for a while)", may_land=False
+            ) from exc
+        except Exception as exc:
+            raise NotDurable(f"Kafka refused the command: {exc}", may_land=False) from exc
+        try:
+            # shield: giving up must not cancel the producer's Future under librdkafka's feet.
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(produced)), deadline - loop.time())
+        except TimeoutError as exc:
+            raise NotDurable(
+                f"Kafka did not acknowledge the command within {timeout_s:.2g}s", may_land=True
+            ) from exc
+        except Exception as exc:
+            raise NotDurable(f"Kafka did not take the command: {exc}", may_land=False) from exc
+        try:
+            return await asyncio.wait_for(asyncio.shield(decision), max(0.0, deadline - loop.time()))
+        except TimeoutError:
+            return None
+    finally:
+        if not decision.done():
+            listener.forget(command_id, decision)

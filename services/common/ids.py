@@ -9,16 +9,60 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any
 
 __all__ = [
+    "ATTEMPT_ID_PATTERN",
+    "GRANT_ID_PATTERN",
+    "INCIDENT_ID_PATTERN",
+    "RUN_ID_PATTERN",
     "canonical_json",
     "command_id_for",
     "derived_id",
+    "is_attempt_id",
+    "is_grant_id",
+    "is_incident_id",
+    "is_run_id",
     "run_id_for",
     "sha256_digest",
     "tenant_shard",
 ]
+
+# The shapes of the ids Tenure issues (run_id_for below; attempt and grant ids are made by the
+# Run aggregate, lease_coordinator.domain attempt_id_for / grant_id_for; incident ids by
+# derived_id). An edge that receives an id checks its shape first, so a malformed id is "no such
+# resource", never an exception deep in routing or encoding.
+RUN_ID_PATTERN = r"^run_[0-9a-f]{32}$"
+# The epoch is an Avro long: at most 19 digits, never 0.
+ATTEMPT_ID_PATTERN = r"^att_[0-9a-f]{32}_[1-9][0-9]{0,18}$"
+GRANT_ID_PATTERN = r"^grant_[0-9a-f]{32}_[0-9a-f]{16}$"
+INCIDENT_ID_PATTERN = r"^inc_[0-9a-f]{32}$"
+_RUN_ID = re.compile(RUN_ID_PATTERN)
+_ATTEMPT_ID = re.compile(ATTEMPT_ID_PATTERN)
+_GRANT_ID = re.compile(GRANT_ID_PATTERN)
+_INCIDENT_ID = re.compile(INCIDENT_ID_PATTERN)
+
+
+def _shaped(pattern: re.Pattern[str], value: object) -> bool:
+    # fullmatch, not match: "$" alone would also accept a trailing newline.
+    return isinstance(value, str) and pattern.fullmatch(value) is not None
+
+
+def is_run_id(value: object) -> bool:
+    return _shaped(_RUN_ID, value)
+
+
+def is_attempt_id(value: object) -> bool:
+    return _shaped(_ATTEMPT_ID, value)
+
+
+def is_grant_id(value: object) -> bool:
+    return _shaped(_GRANT_ID, value)
+
+
+def is_incident_id(value: object) -> bool:
+    return _shaped(_INCIDENT_ID, value)
 
 
 def canonical_json(value: Any) -> str:

@@ -2,14 +2,31 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from services.common.avro import SchemaRegistry, UndecodableRecord, default_registry
 from services.common.contracts import from_record, full_name_of, to_record
 from services.common.kafka import InboundRecord, OutboundRecord
 
-__all__ = ["MessageCodec", "UndecodableRecord", "command_or_deadletter", "deadletter_record"]
+__all__ = [
+    "MAX_RECORD_BYTES",
+    "MessageCodec",
+    "UndecodableRecord",
+    "command_headers",
+    "command_or_deadletter",
+    "deadletter_record",
+    "record_bytes",
+]
+
+# The largest record a processor may write: librdkafka's default message.max.bytes (1,000,000,
+# the producer refuses a bigger record with MSG_SIZE_TOO_LARGE) less room for the record framing.
+# A record over it is refused by the producer every time, so it must never reach a transaction.
+MAX_RECORD_BYTES = 990_000
+_DETAIL_BYTES = 2000
+Headers = tuple[tuple[str, bytes], ...]
 
 
 class MessageCodec:
@@ -40,6 +57,11 @@ class MessageCodec:
         return decoded.full_name, dict(decoded.record)
 
 
+def record_bytes(record: OutboundRecord) -> int:
+    """What a record weighs against MAX_RECORD_BYTES: key, value and headers."""
+    return len(record.key) + len(record.value) + sum(len(k) + len(v) for k, v in record.headers)
+
+
 def deadletter_record(
     deadletter_topic: str,
     source_topic: str,
@@ -49,20 +71,32 @@ def deadletter_record(
     value: bytes,
     reason_code: str,
     detail: str,
+    extra: Headers = (),
 ) -> OutboundRecord:
-    """The original bytes, untouched, with why and where from in headers (Kafka Connect style)."""
-    return OutboundRecord(
-        topic=deadletter_topic,
-        key=key or b"",
-        value=value,
-        headers=(
-            ("tenure-dlq-reason", reason_code.encode("utf-8")),
-            ("tenure-dlq-detail", detail.encode("utf-8")[:2000]),
-            ("tenure-dlq-source-topic", source_topic.encode("utf-8")),
-            ("tenure-dlq-source-partition", str(source_partition).encode("utf-8")),
-            ("tenure-dlq-source-offset", str(source_offset).encode("utf-8")),
-        ),
+    """The original bytes, untouched, with why and where from in headers (Kafka Connect style).
+
+    `extra` adds headers (tenure-dlq-*). A dead letter must always be writable, or the bad record
+    it sets aside would stop its partition after all: a value that would not fit in one record
+    beside its headers is cut to fit, and its full size and sha256 travel in headers instead."""
+    headers: Headers = (
+        ("tenure-dlq-reason", reason_code.encode("utf-8")),
+        ("tenure-dlq-detail", detail.encode("utf-8", "replace")[:_DETAIL_BYTES]),
+        ("tenure-dlq-source-topic", source_topic.encode("utf-8")),
+        ("tenure-dlq-source-partition", str(source_partition).encode("utf-8")),
+        ("tenure-dlq-source-offset", str(source_offset).encode("utf-8")),
+        *extra,
     )
+    key = (key or b"")[:1024]
+    room = MAX_RECORD_BYTES - len(key) - sum(len(k) + len(v) for k, v in headers) - 256
+    if len(value) > room:
+        headers = (
+            *headers,
+            ("tenure-dlq-value-truncated", b"1"),
+            ("tenure-dlq-value-bytes", str(len(value)).encode()),
+            ("tenure-dlq-value-sha256", hashlib.sha256(value).hexdigest().encode()),
+        )
+        value = value[: max(room, 0)]
+    return OutboundRecord(topic=deadletter_topic, key=key, value=value, headers=headers)
 
 
 def command_or_deadletter(
@@ -73,14 +107,16 @@ def command_or_deadletter(
     out: list[OutboundRecord],
     deadletter_topic: str,
     log: logging.Logger,
+    on_deadletter: Callable[[str], None] | None = None,
 ) -> Any | None:
     """The command in `record`, or None after appending its dead letter to `out` with the reason:
     undecodable, not one of `command_types` (`what` names them), or keyed by another run id.
+    `on_deadletter` hears each reason code (for metrics).
 
     A processor commits the dead letter in the same transaction as the rest of its batch, so a
     bad record is set aside exactly once and the batch goes on."""
 
-    def dead(code: str, detail: str) -> None:
+    def dead(code: str, detail: str, extra: Headers = ()) -> None:
         log.warning(
             "dead-lettering %s[%d]@%d: %s %s", record.topic, record.partition, record.offset, code, detail
         )
@@ -94,8 +130,11 @@ def command_or_deadletter(
                 record.value,
                 code,
                 detail,
+                extra,
             )
         )
+        if on_deadletter is not None:
+            on_deadletter(code)
 
     try:
         message = codec.decode(record.value)
@@ -103,9 +142,24 @@ def command_or_deadletter(
         dead(exc.reason_code, str(exc))
         return None
     if not isinstance(message, command_types):
-        dead("NOT_A_COMMAND", f"{type(message).__name__} is not a {what}")
+        kind = type(message).__name__
+        dead("NOT_A_COMMAND", f"{kind} is not a {what}", (("tenure-dlq-message-type", kind.encode()),))
         return None
     if record.key is None or record.key.decode("utf-8", "replace") != message.run_id:
-        dead("KEY_MISMATCH", f"record key {record.key!r} is not the runId {message.run_id!r}")
+        dead(
+            "KEY_MISMATCH",
+            f"record key {record.key!r} is not the runId {message.run_id!r}",
+            command_headers(message),
+        )
         return None
     return message
+
+
+def command_headers(command: object) -> Headers:
+    """tenure-dlq-command-id / -type / -run-id of a decoded command, for a dead letter."""
+    headers: list[tuple[str, bytes]] = [("tenure-dlq-command-type", type(command).__name__.encode())]
+    for header, attribute in (("tenure-dlq-command-id", "command_id"), ("tenure-dlq-run-id", "run_id")):
+        value = getattr(command, attribute, None)
+        if isinstance(value, str):
+            headers.append((header, value.encode("utf-8", "replace")[:512]))
+    return tuple(headers)

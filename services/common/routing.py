@@ -4,34 +4,52 @@ Runs are routed by the tenant shard at the front of their id (services.common.id
 not by hashing the whole key: all runs of a tenant share a partition, so one processor sees the
 tenant's whole load and can admit or refuse a run atomically with the run itself (EXE-2).
 Every producer of run commands must use `command_record`.
+
+Routing is the last gate before Kafka: an id that is not a run id (services.common.ids.is_run_id)
+raises `NotARunId`, and a command whose record Kafka would refuse (larger than MAX_RECORD_BYTES)
+raises `RecordTooLarge` before it is handed to a producer, so neither is ever published. An HTTP
+edge must have refused a malformed id already (the API answers 404 or 422); it answers
+`RecordTooLarge` as 413 payload-too-large, a client error, not a retryable outage.
 """
 
 from __future__ import annotations
 
 from services.common.contracts import RunCommand, TrajectoryCommand
+from services.common.ids import is_run_id
 from services.common.kafka import OutboundRecord
-from services.common.messages import MessageCodec
+from services.common.messages import MAX_RECORD_BYTES, MessageCodec, record_bytes
+from services.common.poison import RecordTooLarge
 from services.common.topics import RUNS_COMMANDS, TRAJECTORIES_COMMANDS
 
-__all__ = ["command_record", "partition_for_run", "trajectory_command_record"]
+__all__ = ["NotARunId", "RecordTooLarge", "command_record", "partition_for_run", "trajectory_command_record"]
+
+
+class NotARunId(ValueError):
+    """The id handed to routing is not a run id; nothing was published."""
 
 
 def partition_for_run(run_id: str, partitions: int = RUNS_COMMANDS.partitions) -> int:
-    shard = run_id[4:6]
-    if not run_id.startswith("run_") or len(shard) != 2:
-        raise ValueError(f"{run_id!r} is not a run id")
-    try:
-        return int(shard, 16) % partitions
-    except ValueError:
-        raise ValueError(f"{run_id!r} is not a run id") from None
+    if not is_run_id(run_id):
+        raise NotARunId(f"{run_id[:80]!r} is not a run id")
+    return int(run_id[4:6], 16) % partitions
+
+
+def _writable(record: OutboundRecord) -> OutboundRecord:
+    size = record_bytes(record)
+    if size > MAX_RECORD_BYTES:
+        raise RecordTooLarge(
+            f"the {record.topic} command would be a {size}-byte record; "
+            f"Kafka takes at most {MAX_RECORD_BYTES}"
+        )
+    return record
 
 
 def command_record(codec: MessageCodec, command: RunCommand) -> OutboundRecord:
-    return codec.outbound(RUNS_COMMANDS.name, command.run_id, command, partition_for_run(command.run_id))
+    partition = partition_for_run(command.run_id)
+    return _writable(codec.outbound(RUNS_COMMANDS.name, command.run_id, command, partition))
 
 
 def trajectory_command_record(codec: MessageCodec, command: TrajectoryCommand) -> OutboundRecord:
     """A trajectory lives on its run's partition number, routed the same way."""
-    return codec.outbound(
-        TRAJECTORIES_COMMANDS.name, command.run_id, command, partition_for_run(command.run_id)
-    )
+    partition = partition_for_run(command.run_id)
+    return _writable(codec.outbound(TRAJECTORIES_COMMANDS.name, command.run_id, command, partition))

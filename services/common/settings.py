@@ -2,16 +2,30 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["TenureSettings", "repo_root"]
+__all__ = ["TenureSettings", "child_environment", "repo_root", "schema_dir_override"]
 
 
 def repo_root() -> Path:
     return Path(__file__).resolve().parents[2]
+
+
+def child_environment(**overrides: str) -> dict[str, str]:
+    """The environment for a child process: this one's, with `overrides` (the only other place
+    the environment is touched: children read their settings through TenureSettings too)."""
+    return {**os.environ, **overrides}
+
+
+def schema_dir_override() -> Path | None:
+    """TENURE_SCHEMA_DIR (the `schema_dir` setting), read per call without building the settings:
+    the Avro codec asks on every encode, and tests point it at a directory of their own."""
+    value = os.environ.get("TENURE_SCHEMA_DIR")
+    return Path(value) if value else None
 
 
 class TenureSettings(BaseSettings):
@@ -23,6 +37,7 @@ class TenureSettings(BaseSettings):
         description="Kafka to use; when unset, the broker started by `tenure broker start`.",
     )
     state_dir: Path = Field(default_factory=lambda: repo_root() / ".tenure")
+    schema_dir: Path | None = Field(default=None, description="Avro schemas; default <repo>/schemas.")
     instance_id: str = Field(default="0", description="Stable per process: static group membership.")
     api_host: str = "127.0.0.1"
     api_port: int = 8000
@@ -72,12 +87,33 @@ class TenureSettings(BaseSettings):
     tool_catalog: Path | None = Field(
         default=None, description="Tool registrations (SAGA-2); default: the sim environment's."
     )
+    # --- the reference external systems (a fenced ledger, a simulated world for the saga's tools) ---
     ledger_port: int = Field(default=9100, ge=1, le=65535)
+    ledger_host: str = Field(default="127.0.0.1", description="0.0.0.0 inside a container.")
+    ledger_db: Path | None = Field(default=None, description="Default: <state dir>/fenced_ledger.sqlite3.")
+    ledger_faults: bool = Field(default=False, description="Serve the ledger's fault-injection routes.")
     sim_port: int = Field(default=9200, ge=1, le=65535)
+    sim_host: str = Field(default="127.0.0.1", description="0.0.0.0 inside a container.")
+    sim_time_scale: float = Field(
+        default=0.0, ge=0, allow_inf_nan=False, description="1 = the seed's nominal tool durations."
+    )
     # --- readiness/metrics ports of the processes that serve no API of their own ---
     coordinator_health_port: int = Field(default=8301, ge=0, le=65535, description="0 = off")
     projections_health_port: int = Field(default=8302, ge=0, le=65535, description="0 = off")
     saga_health_port: int = Field(default=8303, ge=0, le=65535, description="0 = off")
+    # --- the bundled broker (services.common.broker; `tenure up` when KAFKA_BOOTSTRAP_SERVERS is unset) ---
+    kafka_port: int | None = Field(
+        default=None, ge=1, le=65535, description="The bundled broker's listener port; unset = a free one."
+    )
+    kafka_cache: Path | None = Field(
+        default=None, description="Folder of the bundled broker's jars; unset = .cache/kafka/<version>/libs."
+    )
+    kafka_jvm_opts: str = Field(
+        default="", description="JVM flags (shell words) replacing the bundled broker's defaults."
+    )
+    java_home: Path | None = Field(
+        default=None, validation_alias="JAVA_HOME", description="The Java to run it; unset = `java` on PATH."
+    )
 
     def parsed_tenant_limits(self) -> dict[str, tuple[int, int]]:
         limits: dict[str, tuple[int, int]] = {}
@@ -88,6 +124,9 @@ class TenureSettings(BaseSettings):
                 raise ValueError(f"TENURE_TENANT_LIMITS entry {item!r} is not tenant=queued:active")
             limits[tenant] = (int(queued), int(active))
         return limits
+
+    def ledger_database(self) -> Path:
+        return self.ledger_db or self.state_dir / "fenced_ledger.sqlite3"
 
     def bootstrap_servers(self) -> str:
         if self.kafka_bootstrap_servers:

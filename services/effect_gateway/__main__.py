@@ -1,11 +1,14 @@
-"""`python -m services.effect_gateway`: the effect gateway (127.0.0.1:8200 by default)."""
+"""`python -m services.effect_gateway`: the effect gateway (127.0.0.1:8200 by default).
+
+Settings (TenureSettings): TENURE_GATEWAY_PORT, TENURE_TOOLS, TENURE_TOOL_TIMEOUT_S,
+TENURE_API_KEYS (empty: development mode, said at start-up and in /healthz).
+"""
 
 from __future__ import annotations
 
-import os
-
 import uvicorn
 
+from services.common.auth import parse_api_keys
 from services.common.logs import configure_logging
 from services.common.settings import TenureSettings
 from services.effect_gateway.app import create_app
@@ -17,9 +20,12 @@ def main() -> None:
     settings = TenureSettings()
     configure_logging(settings.log_level, service="tenure-effect-gateway")
     bootstrap = settings.bootstrap_servers()
-    app = create_app(lambda: Gateway(bootstrap, ToolRegistry.from_env(), settings.decision_timeout_s))
-    port = int(os.environ.get("TENURE_GATEWAY_PORT", "8200"))
-    uvicorn.run(app, host=settings.api_host, port=port, log_level="warning")
+    app = create_app(
+        lambda: Gateway(bootstrap, ToolRegistry.from_settings(settings), settings.decision_timeout_s),
+        api_keys=parse_api_keys(settings.api_keys),
+        max_body_bytes=settings.max_body_bytes,
+    )
+    uvicorn.run(app, host=settings.api_host, port=settings.gateway_port, log_level="warning")
 
 
 if __name__ == "__main__":

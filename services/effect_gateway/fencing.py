@@ -1,9 +1,14 @@
-"""What the gateway knows of each run, folded from runs.events (pure): epochs and effects."""
+"""What the gateway knows of each run, folded from runs.events (pure): epochs, holders, effects.
+
+It also holds the gateway's commit-time authorization rule (LEASE-1): who may act under a lease
+is decided from the same fold, with the same rule as the projections (`holder_principal`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from services.common.auth import Principal
 from services.common.contracts import (
     AttemptClaimed,
     AttemptReported,
@@ -14,9 +19,10 @@ from services.common.contracts import (
     RunEvent,
     RunFailed,
     RunInterrupted,
+    holder_principal,
 )
 
-__all__ = ["FencingView", "fold_fencing"]
+__all__ = ["FencingView", "Refusal", "authorize_effect", "authorize_verify", "fold_fencing"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +34,13 @@ class FencingView:
     lease_held: bool = False
     # effect id -> "intended" | "committed" | "failed" | "unknown"
     effects: dict[str, str] = field(default_factory=dict)
+    # attempt id -> the principal who may speak for that attempt's lease (every lease of the run)
+    holders: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def holder(self) -> str | None:
+        """The holder principal of the current lease."""
+        return self.holders.get(self.attempt_id) if self.attempt_id is not None else None
 
 
 def fold_fencing(view: FencingView | None, event: RunEvent) -> FencingView:
@@ -36,7 +49,13 @@ def fold_fencing(view: FencingView | None, event: RunEvent) -> FencingView:
         return view  # a redelivery
     view = replace(view, version=event.version)
     if isinstance(event, (AttemptClaimed, LeaseTakenOver)):
-        return replace(view, epoch=event.epoch, attempt_id=event.attempt_id, lease_held=True)
+        return replace(
+            view,
+            epoch=event.epoch,
+            attempt_id=event.attempt_id,
+            lease_held=True,
+            holders={**view.holders, event.attempt_id: holder_principal(event)},
+        )
     if isinstance(event, (LeaseExpired, AttemptReported)) and event.epoch == view.epoch:
         return replace(view, lease_held=False)
     if isinstance(event, (RunInterrupted, RunFailed)):
@@ -46,3 +65,50 @@ def fold_fencing(view: FencingView | None, event: RunEvent) -> FencingView:
     if isinstance(event, EffectOutcomeRecorded):
         return replace(view, effects={**view.effects, event.effect_id: event.outcome})
     return view
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a caller may not act: a problem slug of the gateway's catalog and its detail."""
+
+    slug: str
+    detail: str
+
+
+def authorize_effect(
+    caller: Principal | None, view: FencingView, attempt_id: str, epoch: int
+) -> Refusal | None:
+    """May `caller` send an effect under `attempt_id` of this run? None when it may.
+
+    `caller` None is development mode (no API keys): nothing is authenticated, so nothing is
+    authorized either; the coordinator still fences by attempt and epoch. A `service` principal
+    (the saga orchestrator acting for a trajectory) may act under any lease; the coordinator
+    checks that the lease it names still rules the run. Anyone else must be the principal that
+    holds that attempt's lease: knowing an attempt id and an epoch is not enough.
+    """
+    if caller is None or caller.is_service:
+        return None
+    holder = view.holders.get(attempt_id)
+    if holder is None:
+        # Every lease of the run up to view.epoch has been folded: an attempt not among them at
+        # such an epoch does not hold it; above it, the gateway has not seen that lease (the
+        # caller waited for it already), so it was not issued as far as anyone can show.
+        if epoch <= view.epoch:
+            return Refusal(
+                "stale-epoch", f"attempt {attempt_id} does not hold epoch {epoch} of run {view.run_id}"
+            )
+        return Refusal("unknown-attempt", f"attempt {attempt_id} with epoch {epoch} was never issued")
+    if holder != caller.name:
+        return Refusal("not-lease-holder", f"{caller.name} does not hold the lease of attempt {attempt_id}")
+    return None
+
+
+def authorize_verify(caller: Principal | None, view: FencingView) -> Refusal | None:
+    """The pre-pivot verifiers (SAGA-6): the service role, or the holder of the run's lease."""
+    if caller is None or caller.is_service:
+        return None
+    if view.holder != caller.name:
+        return Refusal(
+            "not-lease-holder", f"{caller.name} does not hold the current lease of run {view.run_id}"
+        )
+    return None

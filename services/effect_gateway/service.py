@@ -15,26 +15,59 @@ Protocol for one effect (numbered, because a crash can cut it anywhere):
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
+from services.common.auth import Principal
+from services.common.backoff import Backoff
 from services.common.clock import SystemClock
 from services.common.contracts import EVENT_TYPES, RecordEffectIntent, RecordEffectOutcome
 from services.common.decisions import Decided, DecisionListener, Rejected, publish_and_await
 from services.common.ids import derived_id
 from services.common.kafka import CommandPublisher, TopicFollower
 from services.common.messages import MessageCodec, UndecodableRecord
+from services.common.problem_json import Problem
 from services.common.routing import command_record
 from services.common.topics import RUNS_EVENTS
-from services.effect_gateway.fencing import FencingView, fold_fencing
+from services.effect_gateway.fencing import (
+    FencingView,
+    Refusal,
+    authorize_effect,
+    authorize_verify,
+    fold_fencing,
+)
 from services.effect_gateway.tools import ToolAnswer, ToolRegistry, ToolUnreachable
 
-__all__ = ["EffectRefused", "EffectRequest", "EffectResult", "Gateway", "effect_id_for"]
+__all__ = [
+    "CATCH_UP_WAIT_S",
+    "COORDINATOR_REFUSALS",
+    "EffectRefused",
+    "EffectRequest",
+    "EffectResult",
+    "Gateway",
+    "effect_id_for",
+]
 
 log = logging.getLogger("tenure.effect_gateway")
 ACTOR = "tenure-effect-gateway"
+# How long a request waits for the fold to show a lease it names and the gateway has not seen
+# yet: a runner may call the gateway the moment its claim is answered, before this follower has
+# read the AttemptClaimed. Short, because it only covers the follower's lag.
+CATCH_UP_WAIT_S = 2.0
+# How long start-up keeps asking for the end of runs.events before the process gives up.
+_START_RETRY_S = 30.0
+# The coordinator's refusals of an intent that the gateway passes on as they are (409).
+COORDINATOR_REFUSALS = frozenset(
+    {"stale-epoch", "unknown-attempt", "lease-expired", "lease-revoked", "lease-released", "run-not-found"}
+)
+
+
+def _check(ok: bool, detail: str) -> dict[str, Any]:
+    return {"ok": ok, "detail": detail}
 
 
 def effect_id_for(run_id: str, idempotency_key: str) -> str:
@@ -62,13 +95,12 @@ class EffectResult:
     replayed: bool = False
 
 
-class EffectRefused(Exception):
-    def __init__(self, slug: str, detail: str, status: int | None = None, **extensions: Any) -> None:
-        super().__init__(detail)
-        self.slug = slug
-        self.detail = detail
-        self.status = status
-        self.extensions = extensions
+class EffectRefused(Problem):
+    """The gateway's refusals: a problem of its catalog (services.effect_gateway.app.CATALOG)."""
+
+
+def _refused(refusal: Refusal, **extensions: Any) -> EffectRefused:
+    return EffectRefused(refusal.slug, refusal.detail, **extensions)
 
 
 class Gateway:
@@ -82,52 +114,122 @@ class Gateway:
         self._stop = threading.Event()
         self._caught_up = threading.Event()
         self._follower = TopicFollower(bootstrap_servers, [RUNS_EVENTS.name], "beginning", "tenure-gateway")
-        self._targets = {p: end for p, end in self._follower.end_offsets(RUNS_EVENTS.name).items() if end > 0}
+        self._targets = {p: end for p, end in self._end_offsets().items() if end > 0}
+        self._follow_failure: str | None = None
         self._publisher = CommandPublisher(bootstrap_servers, client_id="tenure-effect-gateway")
         self._decisions = DecisionListener(bootstrap_servers, self._codec)
         self._thread = threading.Thread(target=self._follow, name="gateway-follower", daemon=True)
         self._thread.start()
 
+    def _end_offsets(self) -> dict[int, int]:
+        """Where runs.events ends now. Right after the topics are created (or while a leader
+        moves) the broker may not answer yet: retry with backoff for a while before giving up."""
+        backoff = Backoff(base_s=0.1, cap_s=2.0)
+        deadline = time.monotonic() + _START_RETRY_S
+        while True:
+            try:
+                return self._follower.end_offsets(RUNS_EVENTS.name)
+            except Exception as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                if backoff.attempt == 0:
+                    log.warning("cannot read the end of %s yet (%s); retrying", RUNS_EVENTS.name, exc)
+                time.sleep(backoff.next_delay())
+
     # --- following the log --------------------------------------------------------------------
 
     def _follow(self) -> None:
+        backoff = Backoff(base_s=0.1, cap_s=10.0)
         while not self._stop.is_set():
-            for record in self._follower.poll(max_records=2000, timeout_s=0.1):
-                try:
-                    event = self._codec.decode(record.value)
-                except UndecodableRecord:
-                    continue
-                if isinstance(event, EVENT_TYPES):
-                    with self._lock:
-                        self._views[event.run_id] = fold_fencing(self._views.get(event.run_id), event)
-            if not self._caught_up.is_set():
-                positions = self._follower.positions(RUNS_EVENTS.name)
-                if all(positions.get(p, -1) >= end for p, end in self._targets.items()):
-                    self._caught_up.set()
+            try:
+                self._fold_batch()
+            except Exception as exc:
+                # A consume error: the fold stays as it is (every effect is still fenced by the
+                # coordinator), /readyz says so, and the follower tries again with backoff; one
+                # log line per change of state, not one per try.
+                if self._follow_failure is None:
+                    log.warning("following %s failed: %s; retrying with backoff", RUNS_EVENTS.name, exc)
+                self._follow_failure = f"{type(exc).__name__}: {exc}"
+                self._stop.wait(backoff.next_delay())
+                continue
+            if self._follow_failure is not None:
+                log.info("following %s again", RUNS_EVENTS.name)
+                self._follow_failure = None
+            backoff.reset()
         self._follower.close()
+
+    def _fold_batch(self) -> None:
+        for record in self._follower.poll(max_records=2000, timeout_s=0.1):
+            try:
+                event = self._codec.decode(record.value)
+            except UndecodableRecord:
+                continue
+            if isinstance(event, EVENT_TYPES):
+                with self._lock:
+                    self._views[event.run_id] = fold_fencing(self._views.get(event.run_id), event)
+        if not self._caught_up.is_set():
+            positions = self._follower.positions(RUNS_EVENTS.name)
+            if all(positions.get(p, -1) >= end for p, end in self._targets.items()):
+                self._caught_up.set()
 
     @property
     def ready(self) -> bool:
+        """Caught up with runs.events: the fold may be trusted to refuse a stale epoch."""
         return self._caught_up.is_set()
+
+    def readiness(self) -> dict[str, dict[str, Any]]:
+        """What /readyz reports, {check: {"ok", "detail"}}; ready when every check is ok.
+
+        Blocks for up to half a second when the broker does not answer (call it off the loop)."""
+        following = self._thread.is_alive() and self._follow_failure is None
+        unreachable = self._publisher.reachable()
+        decisions = self._decisions.health()
+        return {
+            "caughtUp": _check(self.ready, f"{RUNS_EVENTS.name} read to its end as of start-up"),
+            "following": _check(following, self._follow_failure or f"following {RUNS_EVENTS.name}"),
+            "kafka": _check(unreachable is None, unreachable or "the publisher reaches a broker"),
+            "decisions": _check(decisions.ready, decisions.detail),
+        }
 
     def view(self, run_id: str) -> FencingView | None:
         with self._lock:
             return self._views.get(run_id)
 
+    async def _view_showing(self, run_id: str, attempt_id: str, epoch: int) -> FencingView | None:
+        """The run's view once it shows `attempt_id` or `epoch`, or as it is after a short wait."""
+        deadline = time.monotonic() + CATCH_UP_WAIT_S
+        while True:
+            view = self.view(run_id)
+            if view is not None and (attempt_id in view.holders or epoch <= view.epoch):
+                return view
+            if time.monotonic() >= deadline:
+                return view
+            await asyncio.sleep(0.02)
+
     # --- the protocol -------------------------------------------------------------------------
 
-    async def perform(self, request: EffectRequest) -> EffectResult:
+    async def perform(self, request: EffectRequest, caller: Principal | None = None) -> EffectResult:
+        """Perform `request` for `caller` (None: development mode, nothing authenticated)."""
         if not self.ready:
-            raise EffectRefused("unavailable", "the gateway is still reading the lease log", status=503)
+            raise EffectRefused("unavailable", "the gateway is still reading the lease log")
         if not self._tools.knows(request.tool):
             raise EffectRefused("unknown-tool", f"no tool {request.tool!r}; known: {self._tools.names()}")
-        view = self.view(request.run_id)
+        view = await self._view_showing(request.run_id, request.attempt_id, request.epoch)
         if view is None:
-            raise EffectRefused("run-not-found", f"run {request.run_id} does not exist")
+            raise EffectRefused("run-not-found", f"run {request.run_id} does not exist", runId=request.run_id)
+        refusal = authorize_effect(caller, view, request.attempt_id, request.epoch)
+        if refusal is not None:  # commit-time authorization (LEASE-1): nothing is recorded
+            log.warning(
+                "effect refused: %s",
+                refusal.detail,
+                extra={"fields": {"runId": request.run_id, "reason": refusal.slug}},
+            )
+            raise _refused(refusal, runId=request.run_id, currentEpoch=view.epoch)
         if request.epoch < view.epoch:  # step 1
             raise EffectRefused(
                 "stale-epoch",
                 f"epoch {request.epoch} is stale: run {request.run_id} is at epoch {view.epoch}",
+                runId=request.run_id,
                 currentEpoch=view.epoch,
             )
         effect_id = effect_id_for(request.run_id, request.idempotency_key)
@@ -156,14 +258,23 @@ class Gateway:
             return None
         return probe.body if probe.status == 200 else None
 
-    async def verify(self, tool: str, verifier: str, run_id: str, payload: dict[str, Any]) -> ToolAnswer:
+    async def verify(
+        self, tool: str, verifier: str, run_id: str, payload: dict[str, Any], caller: Principal | None = None
+    ) -> ToolAnswer:
         """A tool's deterministic verifier, for the saga's pre-pivot gate (SAGA-6)."""
         if not self._tools.knows(tool):
             raise EffectRefused("unknown-tool", f"no tool {tool!r}; known: {self._tools.names()}")
+        if caller is not None and not caller.is_service:
+            view = self.view(run_id)
+            if view is None:
+                raise EffectRefused("run-not-found", f"run {run_id} does not exist", runId=run_id)
+            refusal = authorize_verify(caller, view)
+            if refusal is not None:
+                raise _refused(refusal, runId=run_id)
         try:
             return await self._tools.verify(tool, verifier, run_id, payload)
         except ToolUnreachable as exc:
-            raise EffectRefused("outcome-unknown", str(exc), status=504) from exc
+            raise EffectRefused("outcome-unknown", str(exc)) from exc
 
     async def _record_intent(self, request: EffectRequest, effect_id: str) -> None:
         command = RecordEffectIntent(
@@ -179,24 +290,32 @@ class Gateway:
             tool=request.tool,
             operation=request.operation,
         )
-        decision = await self._send(command)
+        try:
+            decision = await self._send(command)
+        except Exception as exc:  # NotDurable: Kafka did not take the intent in time; nothing was sent
+            raise EffectRefused(
+                "unavailable", f"the intent was not recorded ({exc}); nothing was sent"
+            ) from exc
         if isinstance(decision, Rejected):
             code = decision.rejection.code
             if code == "DUPLICATE_EFFECT":
                 return  # recorded by a concurrent request: dispatching with the same key is safe
             slug = code.lower().replace("_", "-")
-            raise EffectRefused(slug, decision.rejection.detail, status=409, code=code)
+            raise EffectRefused(
+                slug if slug in COORDINATOR_REFUSALS else "intent-refused",
+                decision.rejection.detail,
+                code=code,
+                runId=request.run_id,
+            )
         if decision is None:
             # Without a durable intent nothing may be sent (intent before action).
-            raise EffectRefused(
-                "unavailable", "the intent was not confirmed in time; nothing was sent", status=503
-            )
+            raise EffectRefused("unavailable", "the intent was not confirmed in time; nothing was sent")
 
     async def _reconcile(self, request: EffectRequest, effect_id: str) -> EffectResult | None:
         try:
             probe = await self._tools.probe(request.tool, request.idempotency_key)
         except ToolUnreachable as exc:
-            raise EffectRefused("outcome-unknown", f"cannot reconcile: {exc}", status=504) from exc
+            raise EffectRefused("outcome-unknown", f"cannot reconcile: {exc}") from exc
         if probe.status == 200:
             await self._record_outcome(request, effect_id, "committed", "found by probe")
             return EffectResult(effect_id, "committed", probe.status, probe.body, reconciled=True)
@@ -231,9 +350,7 @@ class Gateway:
                     break
                 if attempt == 2:
                     await self._record_outcome(request, effect_id, "unknown", str(exc))
-                    raise EffectRefused(
-                        "outcome-unknown", f"{exc}; the probe found nothing", status=504
-                    ) from exc
+                    raise EffectRefused("outcome-unknown", f"{exc}; the probe found nothing") from exc
         assert answer is not None
         if 200 <= answer.status < 300:
             await self._record_outcome(request, effect_id, "committed", "")
@@ -249,14 +366,12 @@ class Gateway:
             raise EffectRefused(
                 "fenced-by-recipient",
                 f"{request.tool} refused epoch {request.epoch}: a newer holder exists",
-                status=409,
                 toolResponse=answer.body,
             )
         await self._record_outcome(request, effect_id, "failed", f"tool answered {answer.status}")
         raise EffectRefused(
             "tool-failed",
             f"{request.tool} refused the effect with {answer.status}",
-            status=502,
             toolStatus=answer.status,
             toolResponse=answer.body,
         )
@@ -276,8 +391,12 @@ class Gateway:
             outcome=outcome,
             detail=detail,
         )
-        decision = await self._send(command)
+        try:
+            decision = await self._send(command)
+        except Exception as exc:
+            decision = exc
         if not isinstance(decision, Decided):
+            # The intent is durable: whoever asks again under the key reconciles by probing.
             log.warning("outcome %s of %s not confirmed: %s", outcome, effect_id, decision)
 
     async def _send(self, command: RecordEffectIntent | RecordEffectOutcome) -> Any:

@@ -6,13 +6,26 @@ stale holder itself (LEASE-3) and never apply the same effect twice (EXE-6).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
-__all__ = ["ToolAnswer", "ToolRegistry", "ToolUnreachable"]
+from services.common.settings import TenureSettings
+
+__all__ = ["ToolAnswer", "ToolRegistry", "ToolUnreachable", "parse_tools"]
+
+
+def parse_tools(spec: str) -> dict[str, str]:
+    """`name=url,...` (TENURE_TOOLS) as {name: url without a trailing slash}."""
+    tools: dict[str, str] = {}
+    for item in filter(None, (p.strip() for p in spec.split(","))):
+        name, _, url = item.partition("=")
+        if not name.strip() or not url.strip():
+            raise ValueError(f"TENURE_TOOLS entry {item!r} is not name=url")
+        tools[name.strip()] = url.strip().rstrip("/")
+    return tools
 
 
 class ToolUnreachable(Exception):
@@ -38,21 +51,20 @@ class ToolAnswer:
 
 
 class ToolRegistry:
-    """Tools by name (TENURE_TOOLS="ledger=http://127.0.0.1:9100,...")."""
+    """Tools by name (TENURE_TOOLS="ledger=http://127.0.0.1:9100,...").
 
-    def __init__(self, tools: dict[str, str], timeout_s: float = 5.0) -> None:
+    `transport` exists for tests (httpx.MockTransport)."""
+
+    def __init__(
+        self, tools: dict[str, str], timeout_s: float = 5.0, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
         self._tools = tools
-        self._client = httpx.AsyncClient(timeout=timeout_s)
+        self._client = httpx.AsyncClient(timeout=timeout_s, transport=transport)
 
     @classmethod
-    def from_env(cls) -> ToolRegistry:
-        spec = os.environ.get("TENURE_TOOLS", "ledger=http://127.0.0.1:9100")
-        tools = {}
-        for item in filter(None, (p.strip() for p in spec.split(","))):
-            name, _, url = item.partition("=")
-            tools[name] = url.rstrip("/")
-        timeout = float(os.environ.get("TENURE_TOOL_TIMEOUT_S", "5"))
-        return cls(tools, timeout)
+    def from_settings(cls, settings: TenureSettings | None = None) -> ToolRegistry:
+        settings = settings or TenureSettings()
+        return cls(parse_tools(settings.tools), settings.tool_timeout_s)
 
     def knows(self, tool: str) -> bool:
         return tool in self._tools
@@ -87,7 +99,9 @@ class ToolRegistry:
     async def probe(self, tool: str, idempotency_key: str) -> ToolAnswer:
         """REC-6: ask the recipient whether the effect with this key happened."""
         try:
-            response = await self._client.get(f"{self._tools[tool]}/effects/{idempotency_key}")
+            # The key is the caller's text: "/", "?", "#" or a space in it must not change the URL.
+            url = f"{self._tools[tool]}/effects/{quote(idempotency_key, safe='')}"
+            response = await self._client.get(url)
         except httpx.HTTPError as exc:
             raise ToolUnreachable(f"{tool} probe: {type(exc).__name__}: {exc}") from exc
         if response.status_code >= 500:
@@ -97,7 +111,8 @@ class ToolRegistry:
     async def verify(self, tool: str, verifier: str, work_id: str, payload: dict[str, Any]) -> ToolAnswer:
         try:
             response = await self._client.post(
-                f"{self._tools[tool]}/verifiers/{verifier}", json={"payload": payload, "workId": work_id}
+                f"{self._tools[tool]}/verifiers/{quote(verifier, safe='')}",
+                json={"payload": payload, "workId": work_id},
             )
         except httpx.HTTPError as exc:
             raise ToolUnreachable(f"{tool} verifier: {type(exc).__name__}: {exc}") from exc

@@ -328,7 +328,7 @@ def create_app(store: LedgerStore, *, faults_enabled: bool = False) -> FastAPI:
             time.sleep(fault.delay_after_commit_ms / 1000)
         return response
 
-    @app.get("/effects/{idempotency_key}")
+    @app.get("/effects/{idempotency_key:path}")
     def get_effect(idempotency_key: str) -> dict[str, Any]:
         effect = store.find_effect(idempotency_key)
         if effect is None:

@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from services.common.clock import SystemClock
 from services.common.eventlog import KafkaEventLog
+from services.common.health import (
+    DeferredReadiness,
+    ProcessorMetrics,
+    StreamMetrics,
+    metrics_registry,
+    serve_health,
+)
 from services.common.logs import configure_logging
 from services.common.messages import MessageCodec
 from services.common.policy import BlockList
@@ -20,6 +27,8 @@ APP_ID = "tenure-lease-coordinator"
 def main() -> None:
     settings = TenureSettings()
     configure_logging(settings.log_level, service=APP_ID)
+    registry, readiness = metrics_registry(), DeferredReadiness()
+    serve_health(APP_ID, settings.coordinator_health_port, readiness, registry, settings.api_host)
     bootstrap = settings.bootstrap_servers()
     home = settings.state_dir / f"lease_coordinator-{settings.instance_id}"
     store = RocksStore(home / "runs")
@@ -37,7 +46,15 @@ def main() -> None:
     )
     blocks = BlockList(bootstrap, client_id=f"{APP_ID}-policy")
     blocks.wait_until_current()
-    processor = RunCommandProcessor(event_log, store, MessageCodec(), SystemClock(), policy, blocks.blocked)
+    processor = RunCommandProcessor(
+        event_log,
+        store,
+        MessageCodec(),
+        SystemClock(),
+        policy,
+        blocks.blocked,
+        ProcessorMetrics("run", registry),
+    )
     stream = CommandStream(
         StreamSettings(
             app_id=APP_ID,
@@ -54,7 +71,10 @@ def main() -> None:
         on_revoked=processor.forget_assignment,
         on_assigned=processor.restore_partitions,
         on_tick=processor.tick,
+        restored=processor.restored_partitions,
+        metrics=StreamMetrics(APP_ID, registry),
     )
+    readiness.become(stream.checks)
     stream.run()
 
 

@@ -1,4 +1,9 @@
-"""RunState <-> bytes for the local store. JSON keeps the store readable with any RocksDB tool."""
+"""RunState <-> bytes for the local store. JSON keeps the store readable with any RocksDB tool.
+
+`state_record` / `state_from_record` are the same mapping one level up (a JSON-able dict), for
+stores that keep a RunState inside a larger JSON document (the Run view projection). Decoding
+tolerates states written before a field existed: a missing field takes its default.
+"""
 
 from __future__ import annotations
 
@@ -17,26 +22,49 @@ from services.lease_coordinator.domain import (
     StopRequest,
 )
 
-__all__ = ["decode_state", "encode_state"]
+__all__ = ["decode_state", "encode_state", "state_from_record", "state_record"]
 
 
-def encode_state(state: RunState) -> bytes:
-    data: dict[str, Any] = dataclasses.asdict(state)
+def state_record(state: RunState) -> dict[str, Any]:
+    # Field by field rather than dataclasses.asdict, which deep-copies every value on the way:
+    # this runs for every run a batch changes. The JSON is the same as asdict's.
+    data = _plain(state)
     data["status"] = state.status.value
     data["handled_commands"] = list(state.handled_commands)
-    if state.lease is not None:
-        data["lease"]["certainty"] = state.lease.certainty.value
-    if state.stop is not None:
-        data["stop"]["kind"] = state.stop.kind.value
-    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    data["input_responses"] = list(state.input_responses)
+    data["effects"] = [_plain(effect) for effect in state.effects]
+    lease, wait, stop = state.lease, state.input_wait, state.stop
+    if lease is not None:
+        data["lease"] = {
+            **_plain(lease),
+            "certainty": lease.certainty.value,
+            "capabilities": list(lease.capabilities),
+        }
+    if wait is not None:
+        data["input_wait"] = _plain(wait)
+    if stop is not None:
+        data["stop"] = {**_plain(stop), "kind": stop.kind.value}
+    return data
 
 
-def decode_state(raw: bytes) -> RunState:
-    data = json.loads(raw)
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _plain(value: Any) -> dict[str, Any]:
+    """A dataclass value's fields as a dict, one level deep."""
+    names = _FIELDS.get(type(value))
+    if names is None:
+        names = _FIELDS[type(value)] = tuple(f.name for f in dataclasses.fields(value))
+    return {name: getattr(value, name) for name in names}
+
+
+def state_from_record(record: dict[str, Any]) -> RunState:
+    data = dict(record)
     data["status"] = RunStatus(data["status"])
     data["handled_commands"] = tuple(data["handled_commands"])
     lease = data.get("lease")
     if lease is not None:
+        lease = dict(lease)
         lease["certainty"] = LeaseCertainty(lease["certainty"])
         lease["capabilities"] = tuple(lease.get("capabilities", ()))
         data["lease"] = LeaseState(**lease)
@@ -47,6 +75,15 @@ def decode_state(raw: bytes) -> RunState:
     data["effects"] = tuple(EffectRecord(**e) for e in data.get("effects", ()))
     stop = data.get("stop")
     if stop is not None:
+        stop = dict(stop)
         stop["kind"] = StopKind(stop["kind"])
         data["stop"] = StopRequest(**stop)
     return RunState(**data)
+
+
+def encode_state(state: RunState) -> bytes:
+    return json.dumps(state_record(state), sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def decode_state(raw: bytes) -> RunState:
+    return state_from_record(json.loads(raw))

@@ -7,11 +7,12 @@ import signal
 import sys
 import threading
 
+from services.common.health import ProjectionMetrics, metrics_registry, serve_health
 from services.common.logs import configure_logging
 from services.common.messages import MessageCodec
 from services.common.settings import TenureSettings
 from services.common.store import RocksStore
-from services.projections.service import follow, rebuild, rebuild_trajectories, views_path
+from services.projections.service import FollowProgress, follow, rebuild, rebuild_trajectories, views_path
 from services.projections.store import RunViewStore
 from services.projections.trajectory_store import TrajectoryViewStore
 
@@ -46,7 +47,15 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    follow(bootstrap, path, stop)
+    registry, caught_up = metrics_registry(), FollowProgress()
+    health = serve_health(
+        "tenure-projections", settings.projections_health_port, caught_up.checks, registry, settings.api_host
+    )
+    try:
+        follow(bootstrap, path, stop, caught_up, ProjectionMetrics(registry))
+    finally:
+        if health is not None:
+            health.close()
     return 0
 
 

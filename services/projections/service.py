@@ -4,6 +4,9 @@ Both kinds of view live in one RocksDB (the API follows it as a secondary); each
 followed by its own consumer from the offsets stored with its views, run views on the calling
 thread and trajectory views on a second one, so neither waits for the other's polls.
 `rebuild` / `rebuild_trajectories` refold a topic from offset 0.
+
+`FollowProgress` is what the projector's /readyz reports: each topic folded up to where it
+ended when its follower started (the views are current), and no follower failed.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
+from services.common.health import Check, ProjectionMetrics
 from services.common.kafka import CommandPublisher, InboundRecord, TopicFollower
 from services.common.messages import MessageCodec, UndecodableRecord, deadletter_record
 from services.common.store import RocksStore
@@ -22,7 +26,7 @@ from services.common.topics import DEADLETTER, RUNS_EVENTS, TRAJECTORIES_EVENTS
 from services.projections.store import RunViewStore
 from services.projections.trajectory_store import TrajectoryViewStore
 
-__all__ = ["RebuildReport", "follow", "rebuild", "rebuild_trajectories", "views_path"]
+__all__ = ["FollowProgress", "RebuildReport", "follow", "rebuild", "rebuild_trajectories", "views_path"]
 
 log = logging.getLogger("tenure.projections")
 
@@ -33,11 +37,59 @@ def views_path(state_dir: Path) -> Path:
     return state_dir / "projections" / "run_views"
 
 
-def follow(bootstrap_servers: str, path: Path, stop: threading.Event) -> None:
+class FollowProgress:
+    """Per followed topic: how far from the end it was at start-up, and whether it got there.
+
+    Written by the follower threads, read by the health server's thread: each write replaces a
+    value in a dict, which a reader sees whole."""
+
+    def __init__(self, topics: tuple[str, ...] = (RUNS_EVENTS.name, TRAJECTORIES_EVENTS.name)) -> None:
+        self._behind: dict[str, int | None] = dict.fromkeys(topics)
+        self._failure: str | None = None
+        self._store_open = False
+
+    def store_opened(self) -> None:
+        self._store_open = True
+
+    def behind(self, topic: str, records: int) -> None:
+        self._behind[topic] = records
+
+    def failed(self, why: str) -> None:
+        self._failure = why
+
+    def caught_up(self, topic: str) -> bool:
+        return self._behind.get(topic) == 0
+
+    def checks(self) -> list[Check]:
+        checks = [
+            Check("views-store", self._store_open, "open" if self._store_open else "not open yet"),
+        ]
+        for topic, behind in self._behind.items():
+            if behind is None:
+                checks.append(Check(topic, False, "follower not started yet"))
+            elif behind:
+                checks.append(Check(topic, False, f"catching up: {behind} records behind its end at start"))
+            else:
+                checks.append(Check(topic, True, "caught up"))
+        if self._failure is not None:
+            checks.append(Check("followers", False, self._failure))
+        return checks
+
+
+def follow(
+    bootstrap_servers: str,
+    path: Path,
+    stop: threading.Event,
+    progress: FollowProgress | None = None,
+    metrics: ProjectionMetrics | None = None,
+) -> None:
     """Fold new events until `stop` is set, resuming from the offsets stored with the views.
 
     A failure of either follower (e.g. a version gap) stops both and is raised here."""
+    progress = progress or FollowProgress()
+    metrics = metrics or ProjectionMetrics()
     store = RocksStore(path)
+    progress.store_opened()
     codec = MessageCodec()
     views = RunViewStore(store, codec)
     trajectories = TrajectoryViewStore(store, codec)
@@ -56,6 +108,7 @@ def follow(bootstrap_servers: str, path: Path, stop: threading.Event) -> None:
             str(error),
         )
         publisher.publish(dead).result(30)
+        metrics.deadlettered(error.reason_code)
 
     halt = threading.Event()
     failures: list[BaseException] = []
@@ -70,10 +123,13 @@ def follow(bootstrap_servers: str, path: Path, stop: threading.Event) -> None:
                 dead_letter,
                 "tenure-projections-trajectories",
                 lambda: stop.is_set() or halt.is_set(),
+                progress,
+                metrics,
             )
         except BaseException as exc:
             log.exception("the trajectory view follower failed")
             failures.append(exc)
+            progress.failed(f"the {TRAJECTORIES_EVENTS.name} follower failed: {type(exc).__name__}: {exc}")
             halt.set()
 
     worker = threading.Thread(target=trajectory_loop, name="trajectory-views", daemon=True)
@@ -87,7 +143,12 @@ def follow(bootstrap_servers: str, path: Path, stop: threading.Event) -> None:
             dead_letter,
             "tenure-projections",
             lambda: stop.is_set() or halt.is_set(),
+            progress,
+            metrics,
         )
+    except BaseException as exc:
+        progress.failed(f"the {RUNS_EVENTS.name} follower failed: {type(exc).__name__}: {exc}")
+        raise
     finally:
         halt.set()
         worker.join(10)
@@ -104,13 +165,33 @@ def _follow_topic(
     dead_letter: Callable[[InboundRecord, UndecodableRecord], None],
     client_id: str,
     stopped: Callable[[], bool],
+    progress: FollowProgress,
+    metrics: ProjectionMetrics,
 ) -> None:
     follower = TopicFollower(bootstrap_servers, [topic], start_at=start_at, client_id=client_id)
     try:
+        # Where the topic ends now: once the views have folded up to here they are current.
+        targets = {p: end for p, end in follower.end_offsets(topic).items() if end > start_at.get(p, 0)}
+        done = {p: start_at.get(p, 0) for p in targets}
+        progress.behind(topic, sum(end - done[p] for p, end in targets.items()))
+        if progress.caught_up(topic):
+            metrics.caught_up(topic)
         while not stopped():
             records = follower.poll(max_records=1000, timeout_s=0.1)
             if records:
                 apply(records, dead_letter)
+                metrics.folded(topic, len(records))
+                for r in records:
+                    done[r.partition] = r.offset + 1
+            elif not progress.caught_up(topic):
+                # Transaction markers occupy offsets but are never delivered: ask where we are.
+                _advance_past_markers(follower, topic, targets, done)
+            if not progress.caught_up(topic):
+                behind = sum(max(end - done.get(p, 0), 0) for p, end in targets.items())
+                progress.behind(topic, behind)
+                if behind == 0:
+                    metrics.caught_up(topic)
+                    log.info("the views caught up with %s (its end at start-up)", topic)
     finally:
         follower.close()
 

@@ -1,14 +1,22 @@
 """Run views in a key-value store, with status indexes and the offsets they reflect.
 
-Layout (one RocksDB): view/<runId>; idx/<status>/<submittedAt>/<runId> and idx/*/... for
-listing in submission order; offset/<topic>/<partition> = next offset to read. Views, index
-entries and offsets of a batch change in one atomic write, so the views always equal the fold
-of exactly the events before the stored offsets.
+Layout (one RocksDB): view/<runId> (the view as served, history included); brief/<runId> (the
+few fields heartbeats read); fold/<runId> (the RunState and the rest of the fold the next event
+is applied to, all but the history, which is read back from the view);
+idx/<status>/<submittedAt>/<runId> and idx/*/... for listing in submission order;
+offset/<topic>/<partition> = next offset to read; meta/run-views-layout. Views, folds, index
+entries and offsets of a batch change in one atomic write, so the views always equal the fold of
+exactly the events before the stored offsets.
+
+Views written before folds were stored (no layout key) cannot be continued: `offsets` then
+answers "from the start" and the first batch folded replaces every such view, index entry and
+offset in the same write, so the projector refolds runs.events from offset 0 by itself.
 """
 
 from __future__ import annotations
 
 import base64
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -17,11 +25,25 @@ from services.common.kafka import InboundRecord
 from services.common.messages import MessageCodec, UndecodableRecord
 from services.common.store import KeyValueStore
 from services.common.topics import RUNS_EVENTS
-from services.projections.views import apply_event, decode_view, encode_view
+from services.projections.views import (
+    RunFold,
+    apply_run_event,
+    decode_fold,
+    decode_view,
+    encode_fold,
+    encode_view,
+    render_run,
+)
 
 __all__ = ["BadCursor", "Page", "RunViewStore"]
 
 _ALL = "*"
+_LAYOUT_KEY = "meta/run-views-layout"
+# 2: each view is rendered from a stored fold of the Run aggregate's state (fold/<runId>).
+_LAYOUT = b"2"
+# The folds this store wrote last are kept decoded, up to this many history entries in all, so
+# that a run's next event does not decode its whole view again (a heartbeat is the common case).
+_RECENT_HISTORY_ENTRIES = 50_000
 
 
 class BadCursor(ValueError):
@@ -34,8 +56,8 @@ class Page:
     next_cursor: str | None
 
 
-def _index_key(status: str, view: dict[str, Any]) -> str:
-    return f"idx/{status}/{int(view['submittedAt']):013d}/{view['runId']}"
+def _index_key(status: str, fold: RunFold) -> str:
+    return f"idx/{status}/{fold.state.submitted_at:013d}/{fold.state.run_id}"
 
 
 def _brief(view: dict[str, Any]) -> dict[str, Any]:
@@ -59,6 +81,10 @@ class RunViewStore:
     def __init__(self, store: KeyValueStore, codec: MessageCodec) -> None:
         self._store = store
         self._codec = codec
+        self._layout_current = False
+        # run id -> (the fold's bytes as written, the fold), least recently written first.
+        self._recent: OrderedDict[str, tuple[bytes, RunFold]] = OrderedDict()
+        self._recent_entries = 0
 
     # --- reads ------------------------------------------------------------------------------
 
@@ -71,9 +97,34 @@ class RunViewStore:
         raw = self._store.get(f"brief/{run_id}")
         return decode_view(raw) if raw is not None else None
 
+    def fold(self, run_id: str) -> RunFold | None:
+        """What the next event of the run is applied to."""
+        raw = self._store.get(f"fold/{run_id}")
+        if raw is None:
+            return None
+        view = self.get(run_id)
+        assert view is not None, f"run {run_id} has a fold but no view"
+        return decode_fold(raw, view["history"])
+
     def offsets(self) -> dict[int, int]:
+        """Where to go on reading runs.events; {} (the start) for views of an older layout."""
+        if self._outdated():
+            return {}
         prefix = f"offset/{RUNS_EVENTS.name}/"
         return {int(k[len(prefix) :]): int(v) for k, v in self._store.scan(prefix)}
+
+    def _outdated(self) -> bool:
+        """Whether the store holds views that no stored fold can continue (an older layout)."""
+        if self._layout_current:
+            return False
+        if self._store.get(_LAYOUT_KEY) == _LAYOUT:
+            self._layout_current = True
+            return False
+        return next(self._store.scan("view/"), None) is not None
+
+    def _outdated_keys(self) -> list[str]:
+        prefixes = ("view/", "brief/", "fold/", "idx/", f"offset/{RUNS_EVENTS.name}/")
+        return [key for prefix in prefixes for key, _ in self._store.scan(prefix)]
 
     def list(self, status: str | None, limit: int, cursor: str | None) -> Page:
         if limit < 1:
@@ -115,9 +166,10 @@ class RunViewStore:
         `on_undecodable` runs for each record that cannot be decoded, before the batch's offsets
         are stored, so a dead-letter write it makes can never be skipped by a crash.
         """
-        views: dict[str, dict[str, Any]] = {}
+        outdated = self._outdated()
+        folds: dict[str, RunFold] = {}
         puts: dict[str, bytes] = {}
-        deletes: list[str] = []
+        deletes: list[str] = self._outdated_keys() if outdated else []
         applied = 0
         for record in records:
             puts[_offset_key(record.partition)] = str(record.offset + 1).encode()
@@ -129,31 +181,64 @@ class RunViewStore:
                 continue
             if not isinstance(event, EVENT_TYPES):
                 continue
-            before = views.get(event.run_id) or self.get(event.run_id)
-            before_status = before["status"] if before is not None else None
-            # The dict is this batch's own (just decoded or built here): fold in place, so a long
-            # run's growing lease record is not copied on every renewal.
-            after = apply_event(before, event, in_place=True)
+            before = folds.get(event.run_id) or self._recent_fold(event.run_id) or self.fold(event.run_id)
+            before_status = before.state.status.value if before is not None else None
+            after = apply_run_event(before, event)
             if after is None:
                 continue
             applied += 1
-            views[event.run_id] = after
+            folds[event.run_id] = after
+            status = after.state.status.value
             if before_status is None:
                 puts[_index_key(_ALL, after)] = b""
-            if before_status != after["status"]:
+            if before_status != status:
                 if before_status is not None:
                     deletes.append(_index_key(before_status, after))
                     puts.pop(_index_key(before_status, after), None)
-                puts[_index_key(after["status"], after)] = b""
-        for run_id, view in views.items():
+                puts[_index_key(status, after)] = b""
+        written: dict[str, tuple[bytes, RunFold]] = {}
+        for run_id, fold in folds.items():
+            view = render_run(fold)
             puts[f"view/{run_id}"] = encode_view(view)
             puts[f"brief/{run_id}"] = encode_view(_brief(view))
+            encoded = puts[f"fold/{run_id}"] = encode_fold(fold)
+            written[run_id] = (encoded, fold)
+        if not self._layout_current:
+            puts[_LAYOUT_KEY] = _LAYOUT
         if puts or deletes:
             self._store.write(puts, tuple(k for k in deletes if k not in puts))
+            self._layout_current = True
+        for run_id, entry in written.items():
+            self._remember(run_id, entry)
         return applied
+
+    def _recent_fold(self, run_id: str) -> RunFold | None:
+        """The fold this store last wrote for the run, if the store still holds exactly that."""
+        recent = self._recent.get(run_id)
+        if recent is None:
+            return None
+        if self._store.get(f"fold/{run_id}") != recent[0]:
+            self._forget(run_id)  # someone else wrote or cleared it: decode what is stored
+            return None
+        return recent[1]
+
+    def _remember(self, run_id: str, entry: tuple[bytes, RunFold]) -> None:
+        self._forget(run_id)
+        self._recent[run_id] = entry
+        self._recent_entries += len(entry[1].history)
+        while self._recent_entries > _RECENT_HISTORY_ENTRIES and len(self._recent) > 1:
+            self._forget(next(iter(self._recent)))
+
+    def _forget(self, run_id: str) -> None:
+        old = self._recent.pop(run_id, None)
+        if old is not None:
+            self._recent_entries -= len(old[1].history)
 
     def clear(self) -> None:
         self._store.clear()
+        self._layout_current = False
+        self._recent.clear()
+        self._recent_entries = 0
 
     def all_views(self) -> dict[str, dict[str, Any]]:
         return {k[len("view/") :]: decode_view(v) for k, v in self._store.scan("view/")}

@@ -1,25 +1,30 @@
-"""The Run view: what an operator or a caller sees of a run, folded from its events (pure).
+"""The Run view: what an operator or a caller sees of a run, rendered from the aggregate's state.
 
-Besides status and history it carries the lease record of LEASE-2: lease id, work id, holder,
-issue time, every renewal, the expiry rule, the certainty state, a takeover's reason and
-evidence, the fencing epoch, and the effects attempted under the lease.
+The run's state is folded by the Run aggregate's own `evolve`, so the view can never disagree
+with the decisions the coordinator makes: status, version, the current lease and its certainty,
+the deadline, effect outcomes and the queue reservation are the RunState's. Beside the state the
+fold keeps only what the aggregate forgets but a reader needs: the history (one decoded entry per
+event, in order), the status reason as worded for people, the submission's labels, and for every
+lease it ever issued who may speak for it and when its certainty last changed or it ended.
+
+The rest of the view is rendered from the state plus the history, which lists the facts as they
+were recorded: the LEASE-2 lease record of every lease (issue, renewals, expiry rule, takeover
+reason and evidence, the effects attempted under it), the attempts, upload grants, the input
+request and its answer, the result manifest and the last stop requested.
 """
 
 from __future__ import annotations
 
-import copy
 import json
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Iterable, Mapping
 
 from services.common.contracts import (
     AttemptClaimed,
     AttemptReported,
     DeadlineReached,
-    EffectIntentRecorded,
-    EffectOutcomeRecorded,
     InputProvided,
     InputRequested,
-    LeaseAtRisk,
     LeaseExpired,
     LeaseRenewed,
     LeaseTakenOver,
@@ -31,15 +36,48 @@ from services.common.contracts import (
     RunRequeued,
     RunRetried,
     RunSubmitted,
-    UploadGrantIssued,
+    holder_principal,
     to_record,
 )
 from services.common.sequencing import Sequencing, sequence
+from services.lease_coordinator.domain import (
+    LeaseCertainty,
+    LeaseState,
+    RunState,
+    RunStatus,
+    evolve,
+    superseded_lease,
+)
+from services.lease_coordinator.state_codec import state_from_record, state_record
 
-__all__ = ["apply_event", "decode_view", "encode_view", "history_entry"]
+__all__ = [
+    "LeaseMark",
+    "RunFold",
+    "RunView",
+    "apply_event",
+    "apply_run_event",
+    "decode_fold",
+    "decode_view",
+    "encode_fold",
+    "encode_view",
+    "fold_run",
+    "history_entry",
+    "render_run",
+]
 
 _HEADER_FIELDS = {"eventId", "runId", "version", "occurredAt", "causationId", "correlationId", "actor"}
 _BULKY_FIELDS = {"executionSpec"}
+_GRANTS = ("AttemptClaimed", "LeaseTakenOver")
+_UPLOAD_GRANT_FIELDS = (
+    "grantId",
+    "attemptId",
+    "epoch",
+    "destination",
+    "keyPrefix",
+    "maxBytes",
+    "mediaType",
+    "expiresAt",
+)
 
 
 def history_entry(event: RunEvent) -> dict[str, Any]:
@@ -62,321 +100,384 @@ def history_entry(event: RunEvent) -> dict[str, Any]:
     return entry
 
 
-def _new_lease(event: AttemptClaimed | LeaseTakenOver) -> dict[str, Any]:
-    return {
-        "leaseId": event.lease_id,
-        "workId": event.run_id,
-        "attemptId": event.attempt_id,
-        "holder": event.holder,
-        "holderKind": event.holder_kind,
-        # Who may speak for the lease: the principal that claimed it, or the holder a takeover named.
-        "holderPrincipal": event.actor if isinstance(event, AttemptClaimed) else event.holder,
-        "epoch": event.epoch,
-        "issuedAt": event.occurred_at,
-        "expiresAt": event.expires_at,
-        "expiryRule": {
-            "leaseSeconds": event.lease_seconds,
-            "heartbeatSeconds": event.heartbeat_seconds,
-            "atRiskAfterMs": event.at_risk_after_ms,
-            "clock": "coordinator",
-        },
-        "certainty": "active",
-        "certaintyChangedAt": event.occurred_at,
-        "renewals": [],
-        "takeoverReason": None,
-        "takeoverEvidence": None,
-        "endedAt": None,
-        "effects": [],
-    }
+# --- the fold -----------------------------------------------------------------------------------
 
 
-def _lease_for_epoch(view: dict[str, Any], epoch: int) -> dict[str, Any] | None:
-    lease = view.get("lease")
-    if lease is not None and lease["epoch"] == epoch:
-        return lease  # type: ignore[no-any-return]
-    return next((old for old in view["leaseHistory"] if old["epoch"] == epoch), None)
+@dataclass(frozen=True)
+class LeaseMark:
+    """One lease the run issued, as the view shows it beyond what its grant recorded: who may
+    speak for it, its certainty (the final one once a newer lease replaced it), when that last
+    changed and when the lease ended."""
+
+    epoch: int
+    holder_principal: str
+    certainty: LeaseCertainty
+    changed_at: int
+    ended_at: int | None = None
 
 
-def _set_certainty(lease: dict[str, Any], certainty: str, at: int) -> None:
-    lease["certainty"] = certainty
-    lease["certaintyChangedAt"] = at
-    if certainty in ("expired", "revoked", "released"):
-        lease["endedAt"] = at
+@dataclass(frozen=True)
+class RunFold:
+    """The aggregate's state of one run plus what the view keeps beside it (never mutated)."""
+
+    state: RunState
+    history: tuple[dict[str, Any], ...]  # one history_entry per event, in version order
+    status_reason: str | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+    leases: tuple[LeaseMark, ...] = ()  # one per lease ever issued, in epoch order
 
 
-def _apply_lease_event(view: dict[str, Any], event: RunEvent) -> None:
-    lease = view.get("lease")
-    at = event.occurred_at
-    if isinstance(event, AttemptClaimed):
-        if view.get("deadlineAt") is None:
-            view["deadlineAt"] = event.deadline_at
-        if lease is not None:
-            view["leaseHistory"].append(lease)
-        view["lease"] = _new_lease(event)
-        view["status"], view["statusReason"] = "preparing", f"claimed by {event.holder}"
-        view["attempts"].append(
-            {
-                "attemptId": event.attempt_id,
-                "attemptNumber": event.attempt_number,
-                "epoch": event.epoch,
-                "holder": event.holder,
-                "claimedAt": at,
-                "outcome": None,
-            }
-        )
-    elif isinstance(event, LeaseRenewed):
-        assert lease is not None
-        lease["renewals"].append({"sequence": event.sequence, "at": at, "expiresAt": event.expires_at})
-        lease["expiresAt"] = event.expires_at
-        if lease["certainty"] != "active":
-            _set_certainty(lease, "active", at)
-        if event.run_started:
-            view["status"], view["statusReason"] = "running", None
-    elif isinstance(event, LeaseAtRisk):
-        assert lease is not None
-        _set_certainty(lease, "at_risk", at)
-    elif isinstance(event, LeaseExpired):
-        assert lease is not None
-        _set_certainty(lease, "expired", at)
-        view["status"] = "interrupted"
-        view["statusReason"] = (
-            f"LEASE_EXPIRED: lease {event.lease_id} expired at {event.expires_at}, decided at {at}"
-        )
-    elif isinstance(event, RunRequeued):
-        view["status"] = "queued"
-        view["statusReason"] = (
-            f"requeued after {event.reason}: {event.attempts_used} attempt(s) used, "
-            f"{event.attempts_remaining} left"
-        )
-    elif isinstance(event, LeaseTakenOver):
-        assert lease is not None
-        _set_certainty(lease, "revoked", at)
-        view["leaseHistory"].append(lease)
-        new = _new_lease(event)
-        new["takeoverReason"] = event.reason
-        new["takeoverEvidence"] = {
-            "previousHolder": event.previous_holder,
-            "previousEpoch": event.previous_epoch,
-            "previousLeaseId": event.previous_lease_id,
-            "lastRenewalAt": event.last_renewal_at,
-            "lastSequence": event.last_sequence,
-            "effectsAttempted": list(event.effects_attempted),
-            "by": event.actor,
-        }
-        view["lease"] = new
-        view["attempts"].append(
-            {
-                "attemptId": event.attempt_id,
-                "attemptNumber": None,
-                "epoch": event.epoch,
-                "holder": event.holder,
-                "claimedAt": at,
-                "outcome": None,
-                "takeover": True,
-            }
-        )
-    elif isinstance(event, AttemptReported):
-        assert lease is not None
-        _set_certainty(lease, "released", at)
-        if view["status"] == "cancelling":
-            stop = view.get("stop") or {}
-            if stop.get("kind") == "deadline":
-                view["status"], view["statusReason"] = (
-                    "failed",
-                    "DEADLINE_EXCEEDED: the runner confirmed the stop",
-                )
-            else:
-                view["status"] = "cancelled"
-                view["statusReason"] = (
-                    f"cancelled: the runner confirmed the stop (it reported {event.outcome}; "
-                    "a late success after a cancel is recorded, not applied)"
-                    if event.outcome == "succeeded"
-                    else "cancelled: the runner confirmed the stop"
-                )
-        elif event.outcome == "preparation_failed":
-            view["statusReason"] = f"preparation failed: {event.error_code or event.detail}"
-        else:
-            view["status"] = event.outcome
-            view["statusReason"] = (
-                f"{event.error_code}: {event.detail}" if event.error_code else event.detail or None
-            )
-        if event.manifest:
-            view["resultManifest"] = [
-                {
-                    "artifactId": a.artifact_id,
-                    "digest": a.digest,
-                    "sizeBytes": a.size_bytes,
-                    "mediaType": a.media_type,
-                }
-                for a in event.manifest
-            ]
-        for attempt in view["attempts"]:
-            if attempt["attemptId"] == event.attempt_id:
-                attempt["outcome"] = event.outcome
-    elif isinstance(event, EffectIntentRecorded):
-        owner = _lease_for_epoch(view, event.epoch)
-        assert owner is not None
-        owner["effects"].append(
-            {
-                "effectId": event.effect_id,
-                "idempotencyKey": event.idempotency_key,
-                "tool": event.tool,
-                "operation": event.operation,
-                "epoch": event.epoch,
-                "status": "intended",
-                "recordedAt": at,
-            }
-        )
-    elif isinstance(event, EffectOutcomeRecorded):
-        owner = _lease_for_epoch(view, event.epoch)
-        assert owner is not None
-        for effect in owner["effects"]:
-            if effect["effectId"] == event.effect_id:
-                effect["status"], effect["detail"], effect["decidedAt"] = event.outcome, event.detail, at
-
-
-def _apply_stop_event(view: dict[str, Any], event: RunEvent) -> None:
-    at = event.occurred_at
-    lease = view.get("lease")
-    if isinstance(event, RunCancelRequested):
-        view["status"], view["statusReason"] = (
-            "cancelling",
-            f"cancel requested: {event.reason or 'no reason given'}",
-        )
-        view["stop"] = {
-            "kind": "cancel",
-            "requestedAt": at,
-            "graceUntil": event.grace_until,
-            "by": event.actor,
-        }
-    elif isinstance(event, DeadlineReached):
-        if event.stop_requested:
-            view["status"], view["statusReason"] = (
-                "cancelling",
-                "DEADLINE_EXCEEDED: stop requested from the runner",
-            )
-            view["stop"] = {
-                "kind": "deadline",
-                "requestedAt": at,
-                "graceUntil": event.grace_until,
-                "by": event.actor,
-            }
-        else:
-            view["status"], view["statusReason"] = "failed", f"DEADLINE_EXCEEDED at {event.deadline_at}"
-    elif isinstance(event, RunInterrupted):
-        view["status"], view["statusReason"] = "interrupted", f"{event.reason}: {event.detail}"
-        if lease is not None and lease["certainty"] in ("active", "at_risk"):
-            _set_certainty(lease, "revoked", at)
-    elif isinstance(event, RunFailed):
-        view["status"], view["statusReason"] = "failed", f"{event.code}: {event.detail}"
-        if lease is not None and lease["certainty"] in ("active", "at_risk"):
-            _set_certainty(lease, "revoked", at)
-    elif isinstance(event, RunRetried):
-        view["status"] = "queued"
-        view["statusReason"] = f"retried by {event.actor} (repeated effects acknowledged): {event.reason}"
-        view["stop"] = None
-
-
-def _apply_input_event(view: dict[str, Any], event: RunEvent) -> None:
-    at = event.occurred_at
-    if isinstance(event, InputRequested):
-        lease = view.get("lease")
-        if lease is not None:
-            _set_certainty(lease, "released", at)
-        view["status"], view["statusReason"] = "waiting_input", f"waiting for input: {event.prompt}"
-        view["input"] = {
-            "requestId": event.request_id,
-            "prompt": event.prompt,
-            "inputSchema": json.loads(event.input_schema),
-            "expiresAt": event.expires_at,
-            "checkpointDigest": event.checkpoint_digest,
-            "requestedAt": at,
-            "attemptId": event.attempt_id,
-            "response": None,
-        }
-    elif isinstance(event, InputProvided):
-        view["status"] = "queued"
-        view["statusReason"] = f"answer {event.response_id} received; a continuation is queued"
-        request = view.get("input") or {}
-        request["response"] = {
-            "responseId": event.response_id,
-            "answer": json.loads(event.answer),
-            "at": at,
-            "by": event.actor,
-        }
-        view["input"] = request
-    elif isinstance(event, UploadGrantIssued):
-        view.setdefault("uploadGrants", []).append(
-            {
-                "grantId": event.grant_id,
-                "attemptId": event.attempt_id,
-                "epoch": event.epoch,
-                "destination": event.destination,
-                "keyPrefix": event.key_prefix,
-                "maxBytes": event.max_bytes,
-                "mediaType": event.media_type,
-                "expiresAt": event.expires_at,
-                "issuedAt": at,
-            }
-        )
-
-
-def apply_event(
-    view: dict[str, Any] | None, event: RunEvent, *, in_place: bool = False
-) -> dict[str, Any] | None:
-    """The view after `event`, or None when the event is a duplicate (already applied).
+def apply_run_event(fold: RunFold | None, event: RunEvent) -> RunFold | None:
+    """The fold after `event`, or None when the event is a duplicate (already applied).
 
     A version gap raises services.common.sequencing.VersionGap: a view built over missing events
     would look plausible and be wrong, which is worse than no view.
     """
-    current = int(view["version"]) if view is not None else 0
+    current = fold.state.version if fold is not None else 0
     if sequence(event.run_id, current, event.version) is Sequencing.DUPLICATE:
         return None
-    if isinstance(event, RunSubmitted):
-        return {
-            "runId": event.run_id,
-            "tenant": event.tenant,
-            "status": "queued",
-            "statusReason": None,
-            "version": event.version,
-            "idempotencyKey": event.idempotency_key,
-            "executionSpec": json.loads(event.execution_spec),
-            "specDigest": event.spec_digest,
-            "retrySafe": event.retry_safe,
-            "timeoutSeconds": event.timeout_seconds,
-            "maxAttempts": event.max_attempts,
-            "labels": dict(event.labels),
-            "parentRunId": event.parent_run_id,
-            "deadlineAt": None,
-            "stop": None,
-            "queueReservationId": event.queue_reservation_id,
-            "attempts": [],
-            "lease": None,
-            "leaseHistory": [],
-            "submittedAt": event.occurred_at,
-            "updatedAt": event.occurred_at,
-            "submittedBy": event.actor,
-            "history": [history_entry(event)],
-        }
-    if view is None:
-        raise ValueError(f"{type(event).__name__} {event.event_id} arrived before run {event.run_id} exists")
-    new = view if in_place else copy.deepcopy(view)
-    new.setdefault("leaseHistory", [])
-    new["version"] = event.version
-    new["updatedAt"] = event.occurred_at
-    new["history"].append(history_entry(event))
+    if fold is None:
+        if not isinstance(event, RunSubmitted):
+            raise ValueError(
+                f"{type(event).__name__} {event.event_id} arrived before run {event.run_id} exists"
+            )
+        labels = tuple(sorted(event.labels.items()))
+        return RunFold(state=evolve(None, event), history=(history_entry(event),), labels=labels)
+    before = fold.state
+    after = evolve(before, event)
+    return replace(
+        fold,
+        state=after,
+        history=(*fold.history, history_entry(event)),
+        status_reason=_status_reason(event, before, after, fold.status_reason),
+        leases=_marked(fold.leases, event, before.lease, after.lease),
+    )
+
+
+def fold_run(events: Iterable[RunEvent]) -> RunFold | None:
+    fold: RunFold | None = None
+    for event in events:
+        fold = apply_run_event(fold, event) or fold
+    return fold
+
+
+def _status_reason(event: RunEvent, before: RunState, after: RunState, current: str | None) -> str | None:
+    """The status reason in words; which status the run is in is `evolve`'s to say."""
     if isinstance(event, RunCancelled):
-        new["status"] = "cancelled"
-        new["statusReason"] = event.reason or "cancelled by request"
-        if event.reservation_released:
-            new["queueReservationId"] = None
-    elif isinstance(event, (RunCancelRequested, DeadlineReached, RunInterrupted, RunFailed, RunRetried)):
-        _apply_stop_event(new, event)
-    elif isinstance(event, (InputRequested, InputProvided, UploadGrantIssued)):
-        _apply_input_event(new, event)
+        return event.reason or "cancelled by request"
+    if isinstance(event, RunCancelRequested):
+        return f"cancel requested: {event.reason or 'no reason given'}"
+    if isinstance(event, DeadlineReached):
+        if after.status is RunStatus.CANCELLING:
+            return "DEADLINE_EXCEEDED: stop requested from the runner"
+        return f"DEADLINE_EXCEEDED at {event.deadline_at}"
+    if isinstance(event, RunInterrupted):
+        return f"{event.reason}: {event.detail}"
+    if isinstance(event, RunFailed):
+        return f"{event.code}: {event.detail}"
+    if isinstance(event, RunRetried):
+        return f"retried by {event.actor} (repeated effects acknowledged): {event.reason}"
+    if isinstance(event, InputRequested):
+        return f"waiting for input: {event.prompt}"
+    if isinstance(event, InputProvided):
+        return f"answer {event.response_id} received; a continuation is queued"
+    if isinstance(event, AttemptClaimed):
+        return f"claimed by {event.holder}"
+    if isinstance(event, LeaseRenewed):
+        return None if after.status is not before.status else current
+    if isinstance(event, LeaseExpired):
+        return (
+            f"LEASE_EXPIRED: lease {event.lease_id} expired at {event.expires_at}, "
+            f"decided at {event.occurred_at}"
+        )
+    if isinstance(event, RunRequeued):
+        return (
+            f"requeued after {event.reason}: {event.attempts_used} attempt(s) used, "
+            f"{event.attempts_remaining} left"
+        )
+    if isinstance(event, AttemptReported):
+        return _reported_reason(event, before, after)
+    return current
+
+
+def _reported_reason(event: AttemptReported, before: RunState, after: RunState) -> str | None:
+    if before.status is RunStatus.CANCELLING:
+        if after.status is RunStatus.FAILED:
+            return "DEADLINE_EXCEEDED: the runner confirmed the stop"
+        if event.outcome == "succeeded":
+            return (
+                f"cancelled: the runner confirmed the stop (it reported {event.outcome}; "
+                "a late success after a cancel is recorded, not applied)"
+            )
+        return "cancelled: the runner confirmed the stop"
+    if event.outcome == "preparation_failed":
+        return f"preparation failed: {event.error_code or event.detail}"
+    return f"{event.error_code}: {event.detail}" if event.error_code else event.detail or None
+
+
+def _marked(
+    marks: tuple[LeaseMark, ...], event: RunEvent, before: LeaseState | None, after: LeaseState | None
+) -> tuple[LeaseMark, ...]:
+    """The lease marks after `event`, from how `evolve` changed the run's lease."""
+    if after is None:
+        return marks
+    at = event.occurred_at
+    if before is not None and after.epoch == before.epoch:
+        mark = _remarked(marks[-1], after, at)
+        return marks if mark is marks[-1] else (*marks[:-1], mark)
+    assert isinstance(event, (AttemptClaimed, LeaseTakenOver)), event
+    if before is not None:
+        marks = (*marks[:-1], _remarked(marks[-1], superseded_lease(before), at))
+    return (*marks, LeaseMark(after.epoch, holder_principal(event), after.certainty, at))
+
+
+def _remarked(mark: LeaseMark, lease: LeaseState, at: int) -> LeaseMark:
+    assert mark.epoch == lease.epoch, (mark, lease)
+    if lease.certainty is mark.certainty:
+        return mark
+    return replace(mark, certainty=lease.certainty, changed_at=at, ended_at=None if lease.held else at)
+
+
+# --- rendering ----------------------------------------------------------------------------------
+
+
+def render_run(fold: RunFold) -> dict[str, Any]:
+    """The JSON-able view of one run (GET /runs/{runId}), sharing the fold's history entries."""
+    state = fold.state
+    facts = _Facts(fold.history)
+    records = [
+        _lease_record(state, grant, mark, facts)
+        for grant, mark in zip(facts.grants, fold.leases, strict=True)
+    ]
+    view: dict[str, Any] = {
+        "runId": state.run_id,
+        "tenant": state.tenant,
+        "status": state.status.value,
+        "statusReason": fold.status_reason,
+        "version": state.version,
+        "idempotencyKey": state.idempotency_key,
+        "executionSpec": json.loads(state.execution_spec),
+        "specDigest": state.spec_digest,
+        "retrySafe": state.retry_safe,
+        "timeoutSeconds": state.timeout_seconds,
+        "maxAttempts": state.max_attempts,
+        "labels": dict(fold.labels),
+        "parentRunId": state.parent_run_id,
+        "deadlineAt": state.deadline_at,
+        "stop": facts.stop,
+        "queueReservationId": state.queue_reservation_id,
+        "attempts": [_attempt(grant, facts) for grant in facts.grants],
+        "lease": records[-1] if records else None,
+        "leaseHistory": records[:-1],
+        "submittedAt": state.submitted_at,
+        "updatedAt": fold.history[-1]["occurredAt"],
+        "submittedBy": state.submitted_by,
+        "history": list(fold.history),
+    }
+    # These appear once there is something to show, as they always have.
+    if facts.upload_grants:
+        view["uploadGrants"] = facts.upload_grants
+    if facts.input is not None:
+        view["input"] = facts.input
+    if facts.manifest is not None:
+        view["resultManifest"] = facts.manifest
+    return view
+
+
+class _Facts:
+    """What the history recorded, gathered in one pass for rendering (no decision is made here:
+    every entry is a fact the aggregate already accepted)."""
+
+    def __init__(self, history: Iterable[dict[str, Any]]) -> None:
+        self.grants: list[dict[str, Any]] = []
+        self.renewals: dict[int, list[dict[str, Any]]] = {}
+        self.intents: dict[int, list[dict[str, Any]]] = {}
+        self.outcomes: dict[str, dict[str, Any]] = {}
+        self.reported: dict[str, str] = {}
+        self.upload_grants: list[dict[str, Any]] = []
+        self.input: dict[str, Any] | None = None
+        self.manifest: list[dict[str, Any]] | None = None
+        self.stop: dict[str, Any] | None = None
+        for entry in history:
+            kind = entry["type"]
+            details: dict[str, Any] = entry.get("details") or {}
+            if kind in _GRANTS:
+                self.grants.append(entry)
+            elif kind == "LeaseRenewed":
+                self.renewals.setdefault(details["epoch"], []).append(
+                    {
+                        "sequence": details["sequence"],
+                        "at": entry["occurredAt"],
+                        "expiresAt": details["expiresAt"],
+                    }
+                )
+            elif kind == "EffectIntentRecorded":
+                self.intents.setdefault(details["epoch"], []).append(entry)
+            elif kind == "EffectOutcomeRecorded":
+                self.outcomes[details["effectId"]] = entry
+            elif kind == "AttemptReported":
+                self._reported(details)
+            else:
+                self._other(kind, entry)
+
+    def _reported(self, details: dict[str, Any]) -> None:
+        self.reported[details["attemptId"]] = details["outcome"]
+        if details["manifest"]:
+            self.manifest = [
+                {
+                    "artifactId": a["artifactId"],
+                    "digest": a["digest"],
+                    "sizeBytes": a["sizeBytes"],
+                    "mediaType": a["mediaType"],
+                }
+                for a in details["manifest"]
+            ]
+
+    def _other(self, kind: str, entry: dict[str, Any]) -> None:
+        details: dict[str, Any] = entry.get("details") or {}
+        at = entry["occurredAt"]
+        if kind == "RunCancelRequested" or (kind == "DeadlineReached" and details["stopRequested"]):
+            # The last stop asked for, kept once confirmed (the state forgets it then) until a
+            # retry starts the run over.
+            self.stop = {
+                "kind": "cancel" if kind == "RunCancelRequested" else "deadline",
+                "requestedAt": at,
+                "graceUntil": details["graceUntil"],
+                "by": entry["actor"],
+            }
+        elif kind == "RunRetried":
+            self.stop = None
+        elif kind == "InputRequested":
+            self.input = {
+                "requestId": details["requestId"],
+                "prompt": details["prompt"],
+                "inputSchema": json.loads(details["inputSchema"]),
+                "expiresAt": details["expiresAt"],
+                "checkpointDigest": details["checkpointDigest"],
+                "requestedAt": at,
+                "attemptId": details["attemptId"],
+                "response": None,
+            }
+        elif kind == "InputProvided":
+            self.input = self.input or {}
+            self.input["response"] = {
+                "responseId": details["responseId"],
+                "answer": json.loads(details["answer"]),
+                "at": at,
+                "by": entry["actor"],
+            }
+        elif kind == "UploadGrantIssued":
+            self.upload_grants.append({**{k: details[k] for k in _UPLOAD_GRANT_FIELDS}, "issuedAt": at})
+
+
+def _attempt(grant: dict[str, Any], facts: _Facts) -> dict[str, Any]:
+    details = grant["details"]
+    attempt: dict[str, Any] = {
+        "attemptId": details["attemptId"],
+        # A takeover issues a new attempt id but uses none of the run's attempts (EXE-5).
+        "attemptNumber": details.get("attemptNumber"),
+        "epoch": details["epoch"],
+        "holder": details["holder"],
+        "claimedAt": grant["occurredAt"],
+        "outcome": facts.reported.get(details["attemptId"]),
+    }
+    if grant["type"] == "LeaseTakenOver":
+        attempt["takeover"] = True
+    return attempt
+
+
+def _lease_record(state: RunState, grant: dict[str, Any], mark: LeaseMark, facts: _Facts) -> dict[str, Any]:
+    """The LEASE-2 record of one lease: what its grant recorded, its renewals and effects, and
+    for the current lease its expiry and certainty as the state holds them."""
+    details = grant["details"]
+    epoch = details["epoch"]
+    renewals = facts.renewals.get(epoch, [])
+    current = state.lease if state.lease is not None and state.lease.epoch == epoch else None
+    if current is not None:
+        certainty, expires_at = current.certainty, current.expires_at
     else:
-        _apply_lease_event(new, event)
-    return new
+        certainty = mark.certainty
+        expires_at = renewals[-1]["expiresAt"] if renewals else details["expiresAt"]
+    outcomes = {effect.effect_id: effect.outcome for effect in state.effects if effect.epoch == epoch}
+    taken_over = grant["type"] == "LeaseTakenOver"
+    return {
+        "leaseId": details["leaseId"],
+        "workId": state.run_id,
+        "attemptId": details["attemptId"],
+        "holder": details["holder"],
+        "holderKind": details["holderKind"],
+        # Who may speak for the lease: the principal that claimed it, or the holder a takeover named.
+        "holderPrincipal": mark.holder_principal,
+        "epoch": epoch,
+        "issuedAt": grant["occurredAt"],
+        "expiresAt": expires_at,
+        "expiryRule": {
+            "leaseSeconds": details["leaseSeconds"],
+            "heartbeatSeconds": details["heartbeatSeconds"],
+            "atRiskAfterMs": details["atRiskAfterMs"],
+            "clock": "coordinator",
+        },
+        "certainty": certainty.value,
+        "certaintyChangedAt": mark.changed_at,
+        "renewals": renewals,
+        "takeoverReason": details["reason"] if taken_over else None,
+        "takeoverEvidence": _evidence(grant) if taken_over else None,
+        "endedAt": mark.ended_at,
+        "effects": [_effect(intent, outcomes, facts) for intent in facts.intents.get(epoch, [])],
+    }
+
+
+def _evidence(grant: dict[str, Any]) -> dict[str, Any]:
+    details = grant["details"]
+    return {
+        "previousHolder": details["previousHolder"],
+        "previousEpoch": details["previousEpoch"],
+        "previousLeaseId": details["previousLeaseId"],
+        "lastRenewalAt": details["lastRenewalAt"],
+        "lastSequence": details["lastSequence"],
+        "effectsAttempted": list(details["effectsAttempted"]),
+        "by": grant["actor"],
+    }
+
+
+def _effect(intent: dict[str, Any], outcomes: dict[str, str], facts: _Facts) -> dict[str, Any]:
+    details = intent["details"]
+    effect_id = details["effectId"]
+    effect: dict[str, Any] = {
+        "effectId": effect_id,
+        "idempotencyKey": details["idempotencyKey"],
+        "tool": details["tool"],
+        "operation": details["operation"],
+        "epoch": details["epoch"],
+        "status": outcomes[effect_id],
+        "recordedAt": intent["occurredAt"],
+    }
+    decided = facts.outcomes.get(effect_id)
+    if decided is not None:
+        effect["detail"], effect["decidedAt"] = decided["details"]["detail"], decided["occurredAt"]
+    return effect
+
+
+class RunView(dict[str, Any]):
+    """A rendered view that remembers the fold it came from, so `apply_event` can go on from it."""
+
+    __slots__ = ("fold",)
+
+    def __init__(self, fold: RunFold) -> None:
+        super().__init__(render_run(fold))
+        self.fold = fold
+
+
+def apply_event(view: Mapping[str, Any] | None, event: RunEvent) -> RunView | None:
+    """The view after `event` (None for a duplicate), for callers that fold views one event at
+    a time (replays, tests); it never changes the view it is given. The store folds RunFolds."""
+    if view is not None and not isinstance(view, RunView):
+        raise TypeError("apply_event continues from a view it returned; a stored view has no fold")
+    after = apply_run_event(view.fold if view is not None else None, event)
+    return RunView(after) if after is not None else None
+
+
+# --- persistence --------------------------------------------------------------------------------
 
 
 def encode_view(view: dict[str, Any]) -> bytes:
@@ -386,3 +487,46 @@ def encode_view(view: dict[str, Any]) -> bytes:
 def decode_view(raw: bytes) -> dict[str, Any]:
     result: dict[str, Any] = json.loads(raw)
     return result
+
+
+def encode_fold(fold: RunFold) -> bytes:
+    """Everything of the fold but its history, which the stored view already holds whole."""
+    return json.dumps(
+        {
+            "state": state_record(fold.state),
+            "statusReason": fold.status_reason,
+            "labels": dict(fold.labels),
+            "leases": [
+                {
+                    "epoch": m.epoch,
+                    "holderPrincipal": m.holder_principal,
+                    "certainty": m.certainty.value,
+                    "changedAt": m.changed_at,
+                    "endedAt": m.ended_at,
+                }
+                for m in fold.leases
+            ],
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    ).encode("utf-8")
+
+
+def decode_fold(raw: bytes, history: Iterable[dict[str, Any]]) -> RunFold:
+    data = json.loads(raw)
+    return RunFold(
+        state=state_from_record(data["state"]),
+        history=tuple(history),
+        status_reason=data["statusReason"],
+        labels=tuple(sorted(data["labels"].items())),
+        leases=tuple(
+            LeaseMark(
+                epoch=int(m["epoch"]),
+                holder_principal=m["holderPrincipal"],
+                certainty=LeaseCertainty(m["certainty"]),
+                changed_at=int(m["changedAt"]),
+                ended_at=m["endedAt"],
+            )
+            for m in data["leases"]
+        ),
+    )

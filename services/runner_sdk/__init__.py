@@ -8,6 +8,10 @@ with LeaseKeeper.claim(client, run_id, "runner-7", ["checkpoint-v1"]) as keeper:
     keeper.checkpoint(digest)                                   # also in JEOPARDY
     keeper.finish("succeeded")                                  # terminal report, releases
 
+A stop request (cancel, EXE-7; deadline, EXE-10) comes on a renewal answer: the keeper's
+`stop_requested` / `wait_for_stop_request()` / `on_stop_requested` callback tell the runner, which
+stops and confirms with `keeper.finish("cancelled")`.
+
 A run whose steps are a saga (SAGA-1..7) goes through TrajectoryClient (trajectory.py): the
 runner proposes each step and the orchestrator dispatches, compensates and recovers.
 """
@@ -22,7 +26,14 @@ from services.runner_sdk.certainty import (
     check_transition,
     is_allowed,
 )
-from services.runner_sdk.client import EffectResult, Lease, RenewalAnswer, ReportOutcome, TenureClient
+from services.runner_sdk.client import (
+    REPORT_OUTCOMES,
+    EffectResult,
+    Lease,
+    RenewalAnswer,
+    ReportOutcome,
+    TenureClient,
+)
 from services.runner_sdk.errors import (
     FencedByRecipient,
     InvalidCertaintyTransition,
@@ -40,7 +51,7 @@ from services.runner_sdk.errors import (
     ToolFailed,
     UnexpectedResponse,
 )
-from services.runner_sdk.keeper import LeaseKeeper
+from services.runner_sdk.keeper import LeaseKeeper, StopRequest
 from services.runner_sdk.trajectory import (
     IN_FLIGHT_STATUSES,
     LeaseLike,
@@ -53,6 +64,7 @@ from services.runner_sdk.trajectory import (
 
 __all__ = [
     "IN_FLIGHT_STATUSES",
+    "REPORT_OUTCOMES",
     "TERMINAL_CERTAINTIES",
     "TRANSITIONS",
     "Certainty",
@@ -78,6 +90,7 @@ __all__ = [
     "StepOutcome",
     "StepTicket",
     "StepWaitTimeout",
+    "StopRequest",
     "TenureClient",
     "TenureProblem",
     "TenureRunnerError",

@@ -81,6 +81,7 @@ class JournalKind(StrEnum):
     EFFECT_UNCERTAIN = "effect-uncertain"
     REPORT_REFUSED = "report-refused"  # refused locally, nothing was sent
     REPORT_ATTEMPTED = "report-attempted"
+    STOP_REQUESTED = "stop-requested"  # the coordinator asked the runner to stop (EXE-7, EXE-10)
 
 
 @dataclass(frozen=True)

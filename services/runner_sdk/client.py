@@ -30,9 +30,21 @@ from services.runner_sdk.errors import (
     UnexpectedResponse,
 )
 
-__all__ = ["EffectResult", "Lease", "RenewalAnswer", "ReportOutcome", "TenureClient", "api_http_client"]
+__all__ = [
+    "REPORT_OUTCOMES",
+    "EffectResult",
+    "Lease",
+    "RenewalAnswer",
+    "ReportOutcome",
+    "TenureClient",
+    "api_http_client",
+    "check_outcome",
+]
 
-ReportOutcome = Literal["succeeded", "failed"]
+# The terminal outcomes the command API accepts (ReportRequest.outcome): `cancelled` confirms a
+# requested stop (EXE-7); `preparation_failed` says no external effect happened yet (EXE-11).
+ReportOutcome = Literal["succeeded", "failed", "cancelled", "preparation_failed"]
+REPORT_OUTCOMES: tuple[ReportOutcome, ...] = ("succeeded", "failed", "cancelled", "preparation_failed")
 _Operation = Literal["claim", "heartbeat", "report", "effect"]
 _T = TypeVar("_T")
 
@@ -55,7 +67,13 @@ class Lease:
 
 @dataclass(frozen=True)
 class RenewalAnswer:
-    """A confirmed renewal. `certainty` is the coordinator's own view ("active" or "at_risk")."""
+    """A confirmed renewal. `certainty` is the coordinator's own view ("active" or "at_risk").
+
+    `stop_requested` says the run was asked to stop (EXE-7 cancel, EXE-10 deadline; `stop_kind`
+    says which): the runner stops its work and confirms with a terminal report before
+    `stop_grace_until` (coordinator clock, epoch ms), or the run ends `interrupted`. `replayed`
+    marks the answer to a repeated sequence, given from the lease as it stands.
+    """
 
     attempt_id: str
     epoch: int
@@ -64,6 +82,10 @@ class RenewalAnswer:
     server_time: int
     certainty: str
     run_status: str
+    stop_requested: bool = False
+    stop_kind: str | None = None
+    stop_grace_until: int | None = None
+    replayed: bool = False
 
 
 @dataclass(frozen=True)
@@ -88,7 +110,9 @@ def api_http_client(
 class TenureClient:
     """HTTP client for the command API (`api_url`) and the effect gateway (`gateway_url`).
 
-    `transport` exists for tests (httpx.MockTransport) and custom networking.
+    `api_key` goes to both as `Authorization: Bearer <key>`: the gateway authenticates like the
+    API and lets only the lease's holder principal act under it. `transport` exists for tests
+    (httpx.MockTransport) and custom networking.
     """
 
     def __init__(
@@ -167,6 +191,11 @@ class TenureClient:
             server_time=_int(answer, "serverTime"),
             certainty=_field(answer, "certainty", str),
             run_status=_field(answer, "runStatus", str),
+            # Optional in the contract: an older API, or a replayed answer, carries no stop flags.
+            stop_requested=_optional(answer, "stopRequested", bool) or False,
+            stop_kind=_optional(answer, "stopKind", str),
+            stop_grace_until=_optional_int(answer, "stopGraceUntil"),
+            replayed=_optional(answer, "replayed", bool) or False,
         )
 
     def report(
@@ -182,12 +211,12 @@ class TenureClient:
     ) -> Mapping[str, Any]:
         """POST /attempts/{attemptId}/report; returns the Run view. Raises LeaseConflict (409).
 
-        A success needs its ResultManifest (artifactId, digest, sizeBytes, mediaType per entry;
-        an empty list when the run produced no artifact): without it the coordinator records a
-        failure (EXE-1).
+        `outcome` is one of REPORT_OUTCOMES. A success needs its ResultManifest (artifactId,
+        digest, sizeBytes, mediaType per entry; an empty list when the run produced no artifact):
+        without it the coordinator records a failure (EXE-1). `cancelled` is accepted only for a
+        run asked to stop (otherwise RequestRejected), `preparation_failed` only while preparing.
         """
-        if outcome not in ("succeeded", "failed"):
-            raise ValueError(f"outcome must be 'succeeded' or 'failed', got {outcome!r}")
+        check_outcome(outcome)
         url = f"{self._api_url}/attempts/{_segment(lease.attempt_id)}/report"
         body: dict[str, Any] = {
             "leaseEpoch": lease.epoch,
@@ -306,6 +335,12 @@ def _problem(operation: _Operation, response: httpx.Response) -> Exception:
     return TenureProblem(status, slug or "unexpected-status", detail, body)
 
 
+def check_outcome(outcome: str) -> None:
+    """Raise ValueError unless `outcome` is a terminal outcome the API accepts."""
+    if outcome not in REPORT_OUTCOMES:
+        raise ValueError(f"outcome must be one of {', '.join(REPORT_OUTCOMES)}; got {outcome!r}")
+
+
 def _segment(value: str) -> str:
     return quote(value, safe="")
 
@@ -315,6 +350,19 @@ def _field(answer: Mapping[str, Any], name: str, kind: type[_T]) -> _T:
     if not isinstance(value, kind):
         raise UnexpectedResponse(f"answer field {name!r} should be {kind.__name__}, got {value!r}")
     return value
+
+
+def _optional(answer: Mapping[str, Any], name: str, kind: type[_T]) -> _T | None:
+    value = answer.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise UnexpectedResponse(f"answer field {name!r} should be {kind.__name__} or null, got {value!r}")
+    return value
+
+
+def _optional_int(answer: Mapping[str, Any], name: str) -> int | None:
+    return None if answer.get(name) is None else _int(answer, name)
 
 
 def _int(answer: Mapping[str, Any], name: str) -> int:

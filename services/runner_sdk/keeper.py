@@ -8,6 +8,15 @@ for everything that depends on the lease:
   checkpoint   allowed in VALID and JEOPARDY (quiescence still checkpoints), journaled
   finish       the terminal report, with the next sequence of the same counter, only while VALID
 
+A stop request (cancel, EXE-7; deadline, EXE-10) arrives on a renewal answer and is surfaced by
+`stop_requested`, `wait_for_stop_request` and the `on_stop_requested` callback (called once, with
+no keeper lock held); the runner stops and confirms with `finish("cancelled")` (a deadline stop
+with `finish("failed", "DEADLINE_EXCEEDED")`), or the run ends `interrupted`, never `cancelled`.
+
+Retries wait the one full-jitter backoff (BRK-3): an unknown renewal is retried after
+uniform(0, min(interval, base * 2**k)), the streak reset by the next confirmation;
+`finish(..., retries=n)` re-sends an unknown report the same way while the lease lasts.
+
 Renewal and report requests are serialised by one lock, so the coordinator sees their
 sequences in the order they were numbered. Effects are not: they are fenced by the epoch at the
 gateway (LEASE-3), the local VALID check is the quiescence rule on top. While a terminal
@@ -17,11 +26,14 @@ report's outcome is unknown no heartbeat is sent: its retry must keep the report
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from services.common.backoff import Backoff
 from services.runner_sdk.certainty import (
     TERMINAL_CERTAINTIES,
     Certainty,
@@ -29,7 +41,14 @@ from services.runner_sdk.certainty import (
     JournalEntry,
     JournalKind,
 )
-from services.runner_sdk.client import EffectResult, Lease, RenewalAnswer, ReportOutcome, TenureClient
+from services.runner_sdk.client import (
+    EffectResult,
+    Lease,
+    RenewalAnswer,
+    ReportOutcome,
+    TenureClient,
+    check_outcome,
+)
 from services.runner_sdk.errors import (
     LeaseConflict,
     LeaseInJeopardy,
@@ -40,11 +59,29 @@ from services.runner_sdk.errors import (
     ToolFailed,
 )
 
-__all__ = ["LeaseKeeper"]
+__all__ = ["DEFAULT_RETRY_BASE_S", "LeaseKeeper", "StopRequest"]
 
 log = logging.getLogger("tenure.runner_sdk")
 
 Clock = Callable[[], float]  # local monotonic seconds
+DEFAULT_RETRY_BASE_S = 0.1  # BRK-3's T_0 = 100 ms
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    """The coordinator asked this runner to stop (EXE-7 cancel, EXE-10 deadline).
+
+    `grace_until` is the coordinator's deadline for the confirmation (epoch ms, its clock);
+    `confirm_by` the same deadline as a local `clock()` reading that never overestimates it
+    (the renewal's send time plus the grace left when the coordinator answered), None when the
+    answer named no grace period. `sequence` is the renewal that carried the request.
+    """
+
+    kind: str
+    grace_until: int | None
+    confirm_by: float | None
+    sequence: int
+    run_status: str
 
 
 class _PendingReport(NamedTuple):
@@ -60,6 +97,8 @@ class LeaseKeeper:
     `claim_sent_at` is the `clock()` reading taken just BEFORE the claim request was sent; with
     it the lease starts VALID. Without it nothing proves how long the claimed lease still runs,
     so the keeper starts in JEOPARDY and renews at once. `LeaseKeeper.claim(...)` does it right.
+    `on_stop_requested` is told of a stop request; `retry_base_s`, `jitter` (a draw in [0, 1))
+    and `sleep` are the retries' backoff (BRK-3), injectable so tests can pin the waits.
     """
 
     def __init__(
@@ -72,6 +111,10 @@ class LeaseKeeper:
         claim_sent_at: float | None = None,
         heartbeat_timeout_s: float | None = None,
         heartbeat_interval_s: float | None = None,
+        on_stop_requested: Callable[[StopRequest], None] | None = None,
+        retry_base_s: float = DEFAULT_RETRY_BASE_S,
+        jitter: Callable[[], float] = random.random,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._client = client
         self._lease = lease
@@ -99,8 +142,19 @@ class LeaseKeeper:
                 f"heartbeat timeout {timeout:g} s must be positive and at most half the "
                 f"safety margin ({margin_s:g} s)"
             )
+        if retry_base_s <= 0:
+            raise ValueError(f"retry_base_s must be positive, got {retry_base_s}")
         self._interval_s = interval
         self._renewal_timeout_s = timeout
+        # BRK-3: one backoff for the renewal's retries; its cap is the regular cadence, so a
+        # retry never comes later than the renewal that would have been sent anyway.
+        self._retry_base_s = min(retry_base_s, interval)
+        self._jitter = jitter
+        self._sleep = sleep
+        self._renewal_backoff = self._backoff()
+        self._on_stop_requested = on_stop_requested
+        self._stop_request: StopRequest | None = None
+        self._stop_seen = threading.Event()
         self._sequence = 0  # the claim is sequence 0; heartbeats and the report share this counter
         self._last_renewal: RenewalAnswer | None = None
         self._pending_report: _PendingReport | None = None  # sent, outcome unknown
@@ -131,6 +185,10 @@ class LeaseKeeper:
         idempotency_key: str | None = None,
         heartbeat_timeout_s: float | None = None,
         heartbeat_interval_s: float | None = None,
+        on_stop_requested: Callable[[StopRequest], None] | None = None,
+        retry_base_s: float = DEFAULT_RETRY_BASE_S,
+        jitter: Callable[[], float] = random.random,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> LeaseKeeper:
         """Claim an attempt and return its (not yet started) keeper, VALID from the claim on."""
         sent_at = clock()
@@ -145,6 +203,10 @@ class LeaseKeeper:
             claim_sent_at=sent_at,
             heartbeat_timeout_s=heartbeat_timeout_s,
             heartbeat_interval_s=heartbeat_interval_s,
+            on_stop_requested=on_stop_requested,
+            retry_base_s=retry_base_s,
+            jitter=jitter,
+            sleep=sleep,
         )
 
     # --- read side ---------------------------------------------------------------------------
@@ -187,6 +249,27 @@ class LeaseKeeper:
         return self._renewal_timeout_s
 
     @property
+    def next_renewal_at(self) -> float:
+        """Local clock reading at which the next renewal (or the retry of one) is due."""
+        with self._lock:
+            return self._next_renewal_at
+
+    @property
+    def stop_requested(self) -> bool:
+        """True once a renewal answer said the run is to stop (EXE-7/EXE-10); it stays true."""
+        return self._stop_seen.is_set()
+
+    @property
+    def stop_request(self) -> StopRequest | None:
+        with self._lock:
+            return self._stop_request
+
+    def wait_for_stop_request(self, timeout_s: float | None = None) -> StopRequest | None:
+        """Block until a stop is requested (or `timeout_s` passes); the request, or None."""
+        self._stop_seen.wait(timeout_s)
+        return self.stop_request
+
+    @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
@@ -216,12 +299,22 @@ class LeaseKeeper:
 
     def renew_once(self) -> Certainty:
         """Send one renewal now and record its answer; the thread calls this on schedule."""
+        state, stop = self._renew()
+        if stop is not None and self._on_stop_requested is not None:
+            # Outside every keeper lock: the callback may well call finish() right away.
+            try:
+                self._on_stop_requested(stop)
+            except Exception:
+                log.exception("on_stop_requested of attempt %s failed", self._lease.attempt_id)
+        return state
+
+    def _renew(self) -> tuple[Certainty, StopRequest | None]:
         with self._wire_lock:
             with self._lock:
                 sent_at_s = self._clock()
                 state = self._tracker.evaluate(sent_at_s * 1000.0)
                 if state in TERMINAL_CERTAINTIES or self._pending_report is not None:
-                    return state
+                    return state, None
                 self._sequence += 1
                 sequence = self._sequence
                 self._tracker.renewal_sent(sequence, sent_at_s * 1000.0)
@@ -233,14 +326,21 @@ class LeaseKeeper:
                     self._tracker.renewal_refused(
                         f"renewal {sequence}: {exc.problem_type}: {exc.detail}", self._now_ms()
                     )
-                    return self._tracker.state
+                    return self._tracker.state, None
             except Exception as exc:
                 # Whatever went wrong, the renewal may have taken effect: unknown, never refused.
-                if not isinstance(exc, TenureUnavailable):
-                    log.exception("renewal %d of attempt %s failed oddly", sequence, self._lease.attempt_id)
                 with self._lock:
+                    first = self._renewal_backoff.attempt == 0
                     self._tracker.renewal_unknown(sequence, self._now_ms(), f"{type(exc).__name__}: {exc}")
-                    return self._tracker.state
+                    self._schedule_retry()
+                if first and not isinstance(exc, TenureUnavailable):
+                    log.exception("renewal %d of attempt %s failed oddly", sequence, self._lease.attempt_id)
+                elif first:  # one line per streak, not one per retry
+                    log.warning(
+                        "renewal %d of %s unknown (%s); retrying", sequence, self._lease.attempt_id, exc
+                    )
+                with self._lock:
+                    return self._tracker.state, None
             with self._lock:
                 now_ms = self._now_ms()
                 if (answer.attempt_id, answer.epoch, answer.sequence) != (
@@ -254,12 +354,40 @@ class LeaseKeeper:
                         f"answer names attempt {answer.attempt_id} epoch {answer.epoch} sequence "
                         f"{answer.sequence}, not the renewal sent",
                     )
-                else:
-                    self._last_renewal = answer
-                    self._tracker.renewal_confirmed(
-                        sequence, sent_at_s * 1000.0, answer.expires_at, answer.server_time, now_ms
-                    )
-                return self._tracker.state
+                    self._schedule_retry()
+                    return self._tracker.state, None
+                if self._renewal_backoff.attempt:
+                    log.info("renewal %d of attempt %s confirmed again", sequence, self._lease.attempt_id)
+                self._renewal_backoff.reset()
+                self._last_renewal = answer
+                self._tracker.renewal_confirmed(
+                    sequence, sent_at_s * 1000.0, answer.expires_at, answer.server_time, now_ms
+                )
+                return self._tracker.state, self._note_stop(answer, sent_at_s, now_ms)
+
+    def _schedule_retry(self) -> None:
+        """After an unknown outcome: retry after a full-jitter wait, capped by the cadence (BRK-3)."""
+        retry_at = self._clock() + self._renewal_backoff.next_delay()
+        self._next_renewal_at = min(self._next_renewal_at, retry_at)
+
+    def _note_stop(self, answer: RenewalAnswer, sent_at_s: float, now_ms: float) -> StopRequest | None:
+        """Record the first stop request a confirmed renewal carries; None if none or not new."""
+        if not answer.stop_requested or self._stop_request is not None:
+            return None
+        grace = answer.stop_grace_until
+        # The coordinator read serverTime after the request arrived, i.e. after sent_at: the
+        # grace left at serverTime, counted from sent_at, ends no later than the real deadline.
+        confirm_by = None if grace is None else sent_at_s + (grace - answer.server_time) / 1000.0
+        stop = StopRequest(answer.stop_kind or "stop", grace, confirm_by, answer.sequence, answer.run_status)
+        self._stop_request = stop
+        self._tracker.record(
+            now_ms,
+            JournalKind.STOP_REQUESTED,
+            f"{stop.kind} stop requested on renewal {stop.sequence}; confirm with a terminal report",
+            {"stopKind": stop.kind, "graceUntil": "" if grace is None else str(grace)},
+        )
+        self._stop_seen.set()
+        return stop
 
     def _run(self) -> None:
         while True:
@@ -333,18 +461,46 @@ class LeaseKeeper:
         error_code: str = "",
         detail: str = "",
         manifest: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        retries: int = 0,
     ) -> Mapping[str, Any]:
         """Send the terminal report (next sequence, same fencing as effects) and release the lease.
 
-        Returns the Run view. Raises LeaseInJeopardy / LeaseLost / LeaseReleased without sending
-        anything; LeaseLost when the coordinator refuses the report; TenureUnavailable when its
-        outcome is unknown. Then the report is PENDING: the keeper sends no more heartbeats (a
-        higher sequence would make the report's retry look stale) and `finish` with the same
-        arguments re-sends it with the SAME sequence, which the coordinator answers idempotently;
-        that identical retry is allowed in jeopardy because it makes no new claim.
+        `outcome` is succeeded, failed, cancelled (confirms a stop request, EXE-7) or
+        preparation_failed (no external effect happened yet, EXE-11; only before the first
+        renewal, since the first heartbeat starts the run). Returns the Run view.
+        Raises LeaseInJeopardy / LeaseLost / LeaseReleased without sending anything; LeaseLost
+        when the coordinator refuses the report; RequestRejected for a definite 4xx (e.g.
+        cancelled when no stop was requested), after which the lease is kept; TenureUnavailable
+        when its outcome is unknown. Then the report is PENDING: the keeper sends no more
+        heartbeats (a higher sequence would make the report's retry look stale) and `finish` with
+        the same arguments re-sends it with the SAME sequence, which the coordinator answers
+        idempotently; that identical retry is allowed in jeopardy because it makes no new claim.
+        With `retries` > 0 the keeper does that itself, up to `retries` times, each after a
+        full-jitter wait (BRK-3), and stops with LeaseLost once the proven lease has run out.
         """
-        if outcome not in ("succeeded", "failed"):
-            raise ValueError(f"outcome must be 'succeeded' or 'failed', got {outcome!r}")
+        check_outcome(outcome)
+        if retries < 0:
+            raise ValueError(f"retries must not be negative, got {retries}")
+        backoff = self._backoff()
+        while True:
+            try:
+                return self._finish_once(outcome, error_code, detail, manifest)
+            except TenureUnavailable:
+                if backoff.attempt >= retries:
+                    raise
+            with self._lock:
+                left_s = self._tracker.lost_at_local / 1000.0 - self._clock()
+            # Never sleep past the proven lease: the retry after it is refused locally (LOST).
+            self._sleep(min(backoff.next_delay(), max(0.0, left_s)))
+
+    def _finish_once(
+        self,
+        outcome: ReportOutcome,
+        error_code: str,
+        detail: str,
+        manifest: Sequence[Mapping[str, Any]] | None,
+    ) -> Mapping[str, Any]:
         report = _PendingReport(0, outcome, error_code, detail)
         attributes = {"outcome": outcome, "errorCode": error_code}
         with self._wire_lock:
@@ -412,6 +568,9 @@ class LeaseKeeper:
 
     def _now_ms(self) -> float:
         return self._clock() * 1000.0
+
+    def _backoff(self) -> Backoff:
+        return Backoff(self._retry_base_s, self._interval_s, self._jitter)
 
     def _record(self, kind: JournalKind, reason: str, attributes: Mapping[str, str]) -> None:
         with self._lock:

@@ -18,15 +18,17 @@ the API refused the request; `code` says why), TenureUnavailable (outcome unknow
 
 from __future__ import annotations
 
+import random
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote
 
 import httpx
 
+from services.common.backoff import Backoff
 from services.runner_sdk.client import api_http_client
 from services.runner_sdk.errors import (
     LeaseConflict,
@@ -123,7 +125,10 @@ class StepOutcome:
 
 
 class TrajectoryClient:
-    """HTTP client for the trajectory routes of the command API (`api_url`)."""
+    """HTTP client for the trajectory routes of the command API (`api_url`).
+
+    `jitter` (a draw in [0, 1)) and `sleep` are the polling backoff's, injectable for tests.
+    """
 
     def __init__(
         self,
@@ -132,11 +137,15 @@ class TrajectoryClient:
         timeout_s: float = 15.0,
         *,
         transport: httpx.BaseTransport | None = None,
+        jitter: Callable[[], float] = random.random,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         self._api_url = api_url.rstrip("/")
         self._http = api_http_client(api_key, timeout_s, transport)
+        self._jitter = jitter
+        self._sleep = sleep
 
     def close(self) -> None:
         self._http.close()
@@ -223,13 +232,17 @@ class TrajectoryClient:
         *,
         timeout_s: float = 60.0,
         poll_s: float = 0.2,
+        max_poll_s: float = 2.0,
     ) -> StepOutcome:
         """Poll the trajectory until step `index` (at `dispatch` or a later one) has settled.
 
         Settled: no longer pending, dispatched, preparing or awaiting-gate; or the trajectory
         stopped moving (frozen, completed, rolled back, abandoned). A transient failure that the
-        orchestrator retries is not settled: the retry is a later dispatch of the same step."""
+        orchestrator retries is not settled: the retry is a later dispatch of the same step.
+        Polls wait a full-jitter backoff from `poll_s` up to `max_poll_s` (BRK-3), so many
+        runners waiting on one slow tool do not poll the API in lockstep."""
         deadline = time.monotonic() + timeout_s
+        backoff = Backoff(poll_s, max(poll_s, max_poll_s), self._jitter)
         last_status: str | None = None
         while True:
             try:
@@ -246,9 +259,10 @@ class TrajectoryClient:
                 still = view.get("status") in _STILL
                 if (fresh and last_status not in IN_FLIGHT_STATUSES) or still:
                     return _outcome(run_id, view, step)
-            if time.monotonic() >= deadline:
+            left_s = deadline - time.monotonic()
+            if left_s <= 0:
                 raise StepWaitTimeout(run_id, index, last_status, timeout_s)
-            time.sleep(poll_s)
+            self._sleep(min(backoff.next_delay(), left_s))
 
     def finish(self, lease: LeaseLike, *, idempotency_key: str | None = None) -> dict[str, Any]:
         """POST /runs/{runId}/trajectory/finish; returns the (completed) trajectory view."""

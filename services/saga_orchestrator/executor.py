@@ -12,11 +12,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
+from urllib.parse import quote
 
 import httpx
 
+from services.common.auth import bearer
+from services.common.backoff import Backoff
 from services.common.clock import Clock
 from services.common.contracts import (
     RecordCompensationOutcome,
@@ -44,18 +48,54 @@ from services.saga_orchestrator.domain import (
     pending_work,
 )
 
-__all__ = ["ACTOR", "SagaExecutor"]
+__all__ = ["ACTOR", "BACKOFF_BASE_S", "BACKOFF_CAP_S", "GatewayHealth", "SagaExecutor"]
 
 log = logging.getLogger("tenure.saga_orchestrator.executor")
 ACTOR = "tenure-saga-orchestrator"
-_RETRY_LATER_S = 0.5
+# Every retry of a piece of work waits a full-jitter backoff (BRK-3): with 16 workers retrying
+# a gateway that is down, a fixed wait would make them all knock at once, forever.
+BACKOFF_BASE_S = 0.1
+BACKOFF_CAP_S = 10.0
 # A finished piece of work is not started again by a rescan for this long: its report is on its
 # way through the command topic, and redoing it would only produce a replayed answer.
 _SETTLE_S = 5.0
 
 
 class _RetryLater(Exception):
-    """No answer that decides anything (gateway down, outcome still unknown): try again soon."""
+    """No answer that decides anything (outcome still unknown, fenced out): try again later."""
+
+
+class _GatewayUnusable(_RetryLater):
+    """The gateway did not answer, is not ready, or refuses our key: an expected, shared state."""
+
+
+class GatewayHealth:
+    """Whether the gateway is usable, shared by every worker: one log line per change of state.
+
+    While the gateway is down every worker keeps retrying; logging each try (with a traceback)
+    drowned the log. Only the transitions are news: unusable (a warning, with the reason) and
+    usable again (an info line).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._usable = True
+
+    @property
+    def usable(self) -> bool:
+        return self._usable
+
+    def failed(self, reason: str) -> None:
+        with self._lock:
+            changed, self._usable = self._usable, False
+        if changed:
+            log.warning("the effect gateway is unusable: %s; retrying with backoff", reason)
+
+    def answered(self) -> None:
+        with self._lock:
+            changed, self._usable = not self._usable, True
+        if changed:
+            log.info("the effect gateway answers again")
 
 
 # Refusals that mean "this lease no longer rules the run". Its new holder adopts the trajectory
@@ -79,12 +119,31 @@ def _fenced(command: TrajectoryCommand | None) -> bool:
     return kind in _FENCED_KINDS
 
 
+def _json(response: httpx.Response) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        return {"raw": response.text[:500]}
+    return body if isinstance(body, dict) else {}
+
+
+def _http_status(value: object, fallback: int) -> int:
+    """An HTTP status from an answer's body, or `fallback`: never a ValueError or an int the
+    event schema cannot carry."""
+    return (
+        value if isinstance(value, int) and not isinstance(value, bool) and 100 <= value <= 599 else fallback
+    )
+
+
 def _slug(problem: dict[str, Any] | None, fallback: str) -> str:
     value = str((problem or {}).get("type") or "")
     return value.rsplit("/", 1)[-1] or fallback
 
 
 class SagaExecutor:
+    """`service_key` is presented to the gateway on every call (the service role acts for any
+    trajectory); `transport`, `sleep` and `draw` exist for tests."""
+
     def __init__(
         self,
         gateway_url: str,
@@ -96,19 +155,26 @@ class SagaExecutor:
         workers: int = 16,
         http_timeout_s: float = 30.0,
         revoke_wait_s: float = 10.0,
+        service_key: str | None = None,
+        transport: httpx.BaseTransport | None = None,
+        sleep: Callable[[float], object] | None = None,
+        draw: Callable[[], float] | None = None,
     ) -> None:
         self._gateway = gateway_url.rstrip("/")
         self._publisher = publisher
         self._codec = codec
         self._catalog = catalog
         self._clock = clock
-        self._http = httpx.Client(timeout=http_timeout_s)
+        self._http = httpx.Client(timeout=http_timeout_s, headers=bearer(service_key), transport=transport)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="saga-work")
         self._lock = threading.Lock()
         self._in_flight: set[str] = set()
         self._finished: dict[str, float] = {}
         self._stop = threading.Event()
+        self._sleep = sleep or self._stop.wait
+        self._draw = draw
         self._revoke_wait_s = revoke_wait_s
+        self.gateway_health = GatewayHealth()
         self.performed = 0
 
     # --- scheduling ---------------------------------------------------------------------------
@@ -125,8 +191,13 @@ class SagaExecutor:
                 self._in_flight.add(work.key)
             self._pool.submit(self._run, work)
 
+    def _backoff(self, base_s: float = BACKOFF_BASE_S, cap_s: float = BACKOFF_CAP_S) -> Backoff:
+        return Backoff(base_s, cap_s) if self._draw is None else Backoff(base_s, cap_s, self._draw)
+
     def _run(self, work: Work) -> None:
         fenced_since: float | None = None
+        backoff = self._backoff()  # one per loop: Backoff is not thread-safe
+        said: set[str] = set()  # what this loop has already logged, so a retry is not news
         try:
             while not self._stop.is_set():
                 try:
@@ -139,15 +210,23 @@ class SagaExecutor:
                                 "fenced out: waiting for the new lease holder to adopt the trajectory"
                             )
                     if command is not None:
-                        self._publisher.publish(trajectory_command_record(self._codec, command)).result(30)
+                        self._report(command)
                     self.performed += 1
                     return
+                except _GatewayUnusable:
+                    pass  # GatewayHealth logged the change of state, if it was one
                 except _RetryLater as exc:
-                    log.info("%s: %s; retrying", work.key, exc)
-                    self._stop.wait(_RETRY_LATER_S)
-                except Exception:
-                    log.exception("work %s failed; retrying", work.key)
-                    self._stop.wait(_RETRY_LATER_S)
+                    if str(exc) not in said:
+                        said.add(str(exc))
+                        log.info("%s: %s; retrying with backoff", work.key, exc)
+                except Exception as exc:
+                    # Unforeseen (or Kafka refusing the report): the traceback once per piece of
+                    # work, then quietly, with the same backoff.
+                    kind = type(exc).__name__
+                    if kind not in said:
+                        said.add(kind)
+                        log.exception("work %s failed; retrying with backoff", work.key)
+                self._sleep(backoff.next_delay())
         finally:
             with self._lock:
                 self._in_flight.discard(work.key)
@@ -155,6 +234,15 @@ class SagaExecutor:
                 if len(self._finished) > 50_000:
                     cutoff = time.monotonic() - _SETTLE_S
                     self._finished = {k: t for k, t in self._finished.items() if t > cutoff}
+
+    def _report(self, command: TrajectoryCommand) -> None:
+        record = trajectory_command_record(self._codec, command)
+        try:
+            self._publisher.publish(record).result(30)
+        except Exception as exc:  # Kafka away: an expected outage, retried like the gateway's
+            raise _RetryLater(
+                f"could not publish {type(command).__name__} ({type(exc).__name__}: {exc})"
+            ) from exc
 
     def _wait_until(self, not_before_ms: int) -> None:
         delay = (not_before_ms - self._clock.now_ms()) / 1000
@@ -172,6 +260,26 @@ class SagaExecutor:
 
     # --- the gateway --------------------------------------------------------------------------
 
+    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One request to the gateway; raises _GatewayUnusable when its answer decides nothing."""
+        try:
+            response = self._http.request(method, f"{self._gateway}{path}", **kwargs)
+        except httpx.HTTPError as exc:
+            self.gateway_health.failed(f"{type(exc).__name__}: {exc}")
+            raise _GatewayUnusable(f"gateway unreachable: {exc}") from exc
+        if response.status_code == 503:
+            self.gateway_health.failed("it answers 503 (not ready, or Kafka is away)")
+            raise _GatewayUnusable("the gateway is not ready")
+        if response.status_code == 401 or _slug(_json(response), "") == "forbidden":
+            # Our own key is wrong: no step's fault, and fixed by configuration, not by waiting out.
+            self.gateway_health.failed(
+                f"it refuses our key ({response.status_code}): set TENURE_SERVICE_KEY to a key of a "
+                "principal with the service role in TENURE_API_KEYS"
+            )
+            raise _GatewayUnusable(f"the gateway answered {response.status_code}")
+        self.gateway_health.answered()
+        return response
+
     def _effect(
         self,
         run_id: str,
@@ -182,28 +290,20 @@ class SagaExecutor:
         operation: str,
         payload: dict[str, Any],
     ) -> tuple[int, dict[str, Any]]:
-        try:
-            response = self._http.post(
-                f"{self._gateway}/effects",
-                json={
-                    "runId": run_id,
-                    "attemptId": attempt_id,
-                    "epoch": epoch,
-                    "idempotencyKey": key,
-                    "tool": tool,
-                    "operation": operation,
-                    "payload": payload,
-                },
-            )
-        except httpx.HTTPError as exc:
-            raise _RetryLater(f"gateway unreachable: {exc}") from exc
-        if response.status_code == 503:
-            raise _RetryLater("the gateway is not ready")
-        try:
-            body = response.json()
-        except ValueError:
-            body = {"raw": response.text[:500]}
-        return response.status_code, body if isinstance(body, dict) else {}
+        response = self._call(
+            "POST",
+            "/effects",
+            json={
+                "runId": run_id,
+                "attemptId": attempt_id,
+                "epoch": epoch,
+                "idempotencyKey": key,
+                "tool": tool,
+                "operation": operation,
+                "payload": payload,
+            },
+        )
+        return response.status_code, _json(response)
 
     def _dispatch(self, work: DispatchStep) -> RecordStepOutcome:
         status, body = self._effect(
@@ -246,7 +346,7 @@ class SagaExecutor:
                 "outcome": "failed",
                 "error_kind": _slug(problem, "tool-failed"),
                 "error_message": str(problem.get("detail") or body.get("detail") or ""),
-                "error_status": int(body.get("toolStatus") or status),
+                "error_status": _http_status(body.get("toolStatus"), status),
                 "partial_output": canonical_json(partial) if isinstance(partial, dict) else "",
             }
         cause = derived_id("cmd", work.key, fields["outcome"])
@@ -288,7 +388,7 @@ class SagaExecutor:
             problem = problem if isinstance(problem, dict) else {}
             kind = _slug(problem, "answer-lost" if status == 200 else "tool-failed")
             message = str(problem.get("detail") or body.get("detail") or "")
-            tool_status = int(body.get("toolStatus") or (503 if status == 200 else status))
+            tool_status = _http_status(body.get("toolStatus"), 503 if status == 200 else status)
             transient = (
                 classify(StepError(kind, work.operation, message, tool_status)) is ErrorClass.TRANSIENT
             )
@@ -305,16 +405,15 @@ class SagaExecutor:
         )
 
     def _fencing(self, run_id: str) -> dict[str, Any] | None:
-        try:
-            response = self._http.get(f"{self._gateway}/runs/{run_id}/fencing")
-        except httpx.HTTPError as exc:
-            raise _RetryLater(f"gateway unreachable: {exc}") from exc
+        response = self._call("GET", f"/runs/{quote(run_id, safe='')}/fencing")
         if response.status_code == 404:
             return None
         if response.status_code != 200:
             raise _RetryLater(f"gateway answered {response.status_code}")
-        body = response.json()
-        return body if isinstance(body, dict) else None
+        body = _json(response)
+        if "raw" in body:
+            raise _RetryLater("the gateway's fencing answer is not JSON")
+        return body
 
     def _gate(self, work: EvaluateGate) -> RecordPivotGate:
         """SAGA-6's deterministic pre-pivot gate: the lease, then every registered verifier."""
@@ -331,21 +430,20 @@ class SagaExecutor:
         )
         spec = self._catalog.get(work.tool)
         for verifier in spec.verifiers:
-            try:
-                response = self._http.post(
-                    f"{self._gateway}/verify",
-                    json={
-                        "runId": work.run_id,
-                        "tool": spec.gateway_tool,
-                        "verifier": verifier,
-                        "payload": work.params,
-                    },
-                )
-            except httpx.HTTPError as exc:
-                raise _RetryLater(f"verifier {verifier}: {exc}") from exc
+            response = self._call(
+                "POST",
+                "/verify",
+                json={
+                    "runId": work.run_id,
+                    "tool": spec.gateway_tool,
+                    "verifier": verifier,
+                    "payload": work.params,
+                },
+            )
             if response.status_code >= 500:
                 raise _RetryLater(f"verifier {verifier} answered {response.status_code}")
-            result = response.json().get("result", {}) if response.status_code == 200 else {}
+            result = _json(response).get("result", {}) if response.status_code == 200 else {}
+            result = result if isinstance(result, dict) else {}
             checks.append(
                 {
                     "name": verifier,
@@ -368,13 +466,19 @@ class SagaExecutor:
         )
         self._publisher.publish(command_record(self._codec, takeover)).result(30)
         deadline = time.monotonic() + self._revoke_wait_s
+        poll = self._backoff(0.05, 1.0)  # waiting for a decision, not hammering the gateway
         while True:
             fencing = self._fencing(work.run_id)
-            if fencing is None or int(fencing.get("epoch", 0)) > work.epoch or not fencing.get("leaseHeld"):
+            if fencing is None:
+                break
+            epoch = fencing.get("epoch")
+            if not isinstance(epoch, int):
+                raise _RetryLater(f"the gateway's fencing answer has no epoch: {fencing}")
+            if epoch > work.epoch or not fencing.get("leaseHeld"):
                 break
             if time.monotonic() > deadline:
                 raise _RetryLater("the takeover has not been decided yet")
-            self._stop.wait(0.1)
+            self._sleep(poll.next_delay())
         return RecordLeaseRevocation(
             **self._header(work.run_id, derived_id("cmd", work.key, "recorded")),
             incident_id=work.incident_id,

@@ -7,15 +7,21 @@ import sys
 
 from services.tenure_cli import supervisor, topic_tools
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tenure", description="Tenure control plane")
     sub = parser.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", help="start broker (if none configured), topics, services and API")
     up.add_argument("--port", type=int, default=None, help="API port (default TENURE_API_PORT or 8000)")
+    up.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=120.0,
+        help="seconds each start-up phase may take until every service is ready (default 120)",
+    )
     up.set_defaults(func=supervisor.up)
 
     broker = sub.add_parser("broker", help="the bundled Kafka broker (fetch/start/stop/status/run)")
@@ -27,7 +33,12 @@ def _parser() -> argparse.ArgumentParser:
     topics.set_defaults(func=supervisor.topics)
 
     tail = sub.add_parser("tail", help="decode and pretty-print records as they arrive")
-    tail.add_argument("topics", nargs="*", default=None, help="topics (default: run events + rejections)")
+    tail.add_argument(
+        "topics",
+        nargs="*",
+        default=None,
+        help=f"topics (default: {' '.join(topic_tools.DEFAULT_TAIL_TOPICS)})",
+    )
     tail.add_argument("--run", dest="run_id", help="only this run id")
     tail.add_argument("--type", dest="types", action="append", help="only this record type (repeatable)")
     tail.add_argument("--from-beginning", action="store_true", help="start at offset 0, not at the end")
@@ -37,7 +48,9 @@ def _parser() -> argparse.ArgumentParser:
     tail.set_defaults(func=topic_tools.tail)
 
     replay = sub.add_parser("replay", help="write events to JSON Lines for analysts")
-    replay.add_argument("--topic", default=None, help="topic (default runs.events)")
+    replay.add_argument(
+        "--topic", default=None, help=f"topic (default {topic_tools.DEFAULT_REPLAY_TOPIC})"
+    )
     start = replay.add_mutually_exclusive_group()
     start.add_argument(
         "--from-offset", type=int, default=None, help="start at this offset in every partition"
@@ -52,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -1,30 +1,45 @@
 """`tenure up` and friends: one foreground process that runs the whole system.
 
-Children are restarted when they die (a processor exits on purpose when it cannot commit, so
-that its commands are redelivered), and Ctrl-C stops everything, the broker last.
+`tenure up` supervises every process it starts, the bundled broker included:
+
+- Each child runs in a session of its own (so the terminal's Ctrl-C reaches only the supervisor,
+  which stops them in order) under a lifeline (services.common.lifeline): if the supervisor is
+  SIGKILLed, the kernel SIGKILLs every child, so nothing is left running.
+- A child that exits is restarted after a full-jitter backoff: a processor exits on purpose
+  when it cannot commit, so that its commands are redelivered; a crashed broker comes back on
+  the same port and data dir. Six exits of one child within a minute stop everything.
+- "Tenure is up" is printed once every child answers its readiness probe (readiness.py).
+- SIGTERM or Ctrl-C stops the services (SIGTERM, SIGKILL after a grace), then the broker;
+  "Tenure stopped." is printed once none of them runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
+import fcntl
 import os
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from pathlib import Path
 
 from services.common import broker as launcher
+from services.common.backoff import Backoff
 from services.common.kafka import create_topics, describe_topics, wait_for_broker
+from services.common.lifeline import lifeline_argv
 from services.common.messages import MessageCodec
-from services.common.settings import TenureSettings
+from services.common.settings import TenureSettings, child_environment
 from services.common.store import RocksStore
 from services.common.topics import TOPICS
 from services.projections.service import rebuild as rebuild_views
 from services.projections.service import views_path
 from services.projections.store import RunViewStore
+from services.tenure_cli.readiness import PROBE_INTERVAL_S, ReadinessCheck, probe_host
 
-__all__ = ["broker", "rebuild", "topics", "up"]
+__all__ = ["SERVICES", "StoreInUse", "broker", "rebuild", "store_in_use", "topics", "up"]
 
 SERVICES = (
     ("lease-coordinator", "services.lease_coordinator"),
@@ -37,6 +52,17 @@ SERVICES = (
     ("sim-environment", "services.sim_environment"),
     ("saga-orchestrator", "services.saga_orchestrator"),
 )
+# The API opens the Run views as a secondary of the projector's store: it must exist first.
+STARTED_BEFORE_THE_REST = ("lease-coordinator", "projections")
+RESTART_WINDOW_S = 60.0
+MAX_EXITS_PER_WINDOW = 5  # the sixth exit of one child within the window stops everything
+STOP_GRACE_S = 10.0
+TICK_S = 0.2
+WAITING_NOTE_S = 15.0  # how often a slow start-up says what it is still waiting for
+
+
+class StoreInUse(RuntimeError):
+    """A store another process holds open (RocksDB allows one writer per store)."""
 
 
 def broker(args: argparse.Namespace) -> int:
@@ -57,97 +83,313 @@ def topics(args: argparse.Namespace) -> int:
     return 0
 
 
+def store_in_use(path: Path) -> bool:
+    """True if another process holds the RocksDB LOCK of the store at `path`.
+
+    RocksDB takes a POSIX record lock (fcntl F_SETLK) on <store>/LOCK. Probing it here, before
+    this process opens the store, is safe: closing our descriptor drops only our own locks."""
+    lock = path / "LOCK"
+    try:
+        handle = lock.open("r+b")
+    except FileNotFoundError:
+        return False
+    with handle:
+        try:
+            fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            if error.errno in (errno.EACCES, errno.EAGAIN):
+                return True
+            raise
+        fcntl.lockf(handle, fcntl.LOCK_UN)
+    return False
+
+
+def _in_use(path: Path) -> StoreInUse:
+    return StoreInUse(
+        f"the Run views store {path} is open in a running projector (`tenure up` or "
+        "`python -m services.projections` on this state dir); stop it first, or point "
+        "TENURE_STATE_DIR at another state dir"
+    )
+
+
 def rebuild(_: argparse.Namespace) -> int:
     settings = TenureSettings()
-    views = RunViewStore(RocksStore(views_path(settings.state_dir)), MessageCodec())
-    report = rebuild_views(settings.bootstrap_servers(), views)
+    path = views_path(settings.state_dir)
+    if store_in_use(path):
+        raise _in_use(path)
+    try:
+        store = RocksStore(path)
+    except Exception:
+        if store_in_use(path):  # a projector started between the probe and the open
+            raise _in_use(path) from None
+        raise
+    report = rebuild_views(settings.bootstrap_servers(), RunViewStore(store, MessageCodec()))
     print(f"rebuilt {report.runs} run views from {report.events} events in {report.seconds:.2f}s")
     return 0
 
 
-@dataclass
 class _Child:
-    name: str
-    module: str
-    process: subprocess.Popen[bytes] | None = None
-    restarts: list[float] = field(default_factory=list)
+    """One supervised process: how to start it, how to tell it is ready, its restart record."""
+
+    def __init__(self, name: str, check: ReadinessCheck) -> None:
+        self.name = name
+        self.check = check
+        self.started_at = 0.0
+        self.exits: list[float] = []
+        # Restart quickly once, back off if it keeps dying (BRK-3: the one full-jitter backoff).
+        self.backoff = Backoff(base_s=0.25, cap_s=8.0)
+        self.restart_at: float | None = None
+
+    def launch(self) -> None:
+        raise NotImplementedError
+
+    def exit_code(self) -> int | None:
+        raise NotImplementedError
 
 
-def _spawn(child: _Child, env: dict[str, str]) -> None:
-    child.process = subprocess.Popen([sys.executable, "-m", child.module], env=env)
+class _Service(_Child):
+    def __init__(self, name: str, module: str, check: ReadinessCheck, env: dict[str, str]) -> None:
+        super().__init__(name, check)
+        self.module = module
+        self.env = env
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def launch(self) -> None:
+        self.process = subprocess.Popen(
+            lifeline_argv([sys.executable, "-m", self.module]), env=self.env, start_new_session=True
+        )
+        self.started_at = time.monotonic()
+
+    def exit_code(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def signal_group(self, signum: int) -> None:
+        # Only while unreaped: the pid (= its group id) cannot have been reused yet.
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signum)
+
+
+class _Broker(_Child):
+    """The bundled broker as a child: restarted on the port and data dir it first got."""
+
+    def __init__(self, port: int | None, state_dir: Path) -> None:
+        super().__init__("kafka", ReadinessCheck())  # start_broker returns once it is ready
+        self.port = port
+        self.state_dir = state_dir
+        self.handle: launcher.BrokerHandle | None = None
+        self.failed_launch = False
+
+    def launch(self) -> None:
+        self.started_at = time.monotonic()
+        try:
+            self.handle = launcher.start_broker(
+                port=self.port, state_dir=self.state_dir, die_with_parent=True
+            )
+        except launcher.BrokerError:
+            self.failed_launch = True  # seen as an exit by the next tick, which retries
+            raise
+        self.failed_launch = False
+        self.port = int(self.handle.bootstrap_servers.rsplit(":", 1)[1])
+
+    def exit_code(self) -> int | None:
+        if self.failed_launch:
+            return 1
+        return None if self.handle is None else self.handle.exit_code()
+
+    def stop(self) -> None:
+        if self.handle is not None:
+            self.handle.stop()
+        # Also a broker started on this state dir behind our back (`tenure broker start` by hand).
+        launcher.stop_broker(self.state_dir)
+
+
+class _Supervisor:
+    def __init__(self) -> None:
+        self.children: list[_Child] = []
+        self.stopping = False
+        self.failure: str | None = None
+
+    def request_stop(self, *_: object) -> None:
+        self.stopping = True
+
+    def fail(self, reason: str) -> None:
+        print(f"tenure up: {reason}", file=sys.stderr, flush=True)
+        self.failure = reason
+        self.stopping = True
+
+    def launch(self, child: _Child) -> None:
+        self.children.append(child)
+        child.launch()
+
+    def tick(self) -> None:
+        """Notice exits, schedule restarts with backoff, perform the restarts that are due."""
+        for child in self.children:
+            if self.stopping:
+                return
+            now = time.monotonic()
+            if child.restart_at is not None:
+                if now >= child.restart_at:
+                    self._relaunch(child)
+                continue
+            code = child.exit_code()
+            if code is None:
+                if now - child.started_at > RESTART_WINDOW_S:
+                    child.backoff.reset()
+                continue
+            child.exits = [t for t in child.exits if now - t < RESTART_WINDOW_S] + [now]
+            if len(child.exits) > MAX_EXITS_PER_WINDOW:
+                self.fail(f"{child.name} exited {len(child.exits)} times within a minute; stopping")
+                return
+            delay = child.backoff.next_delay()
+            print(f"{child.name} exited with {code}; restarting in {delay:.1f}s", file=sys.stderr, flush=True)
+            child.restart_at = now + delay
+
+    def _relaunch(self, child: _Child) -> None:
+        child.restart_at = None
+        began = time.monotonic()
+        try:
+            child.launch()
+        except launcher.BrokerError as error:
+            print(f"{child.name} did not restart: {error}", file=sys.stderr, flush=True)
+            return
+        took = f" in {time.monotonic() - began:.1f}s" if isinstance(child, _Broker) else ""
+        print(f"{child.name} restarted{took}", file=sys.stderr, flush=True)
+
+    def wait_ready(self, waits: list[tuple[_Child, ReadinessCheck]], timeout_s: float) -> bool:
+        """Supervise until each child passes its check; False on a timeout or a stop request."""
+        pending = {child.name: (child, check) for child, check in waits}
+        why: dict[str, str] = {}
+        asked: dict[str, float] = {}
+        began = time.monotonic()
+        deadline, said = began + timeout_s, began
+        while pending and not self.stopping:
+            self.tick()
+            for name, (child, check) in list(pending.items()):
+                if child.restart_at is not None or child.exit_code() is not None:
+                    why[name] = "restarting"
+                    continue
+                if time.monotonic() - asked.get(name, -PROBE_INTERVAL_S) < PROBE_INTERVAL_S:
+                    continue
+                asked[name] = time.monotonic()
+                ready, why[name] = check.state(time.monotonic() - child.started_at)
+                if ready:
+                    print(f"  {name}: ready ({why[name]})", flush=True)
+                    del pending[name]
+            waiting = "; ".join(f"{name}: {why.get(name, '?')}" for name in pending)
+            if pending and time.monotonic() > deadline:
+                self.fail(f"not ready after {timeout_s:g}s: {waiting}")
+            elif pending:
+                if time.monotonic() - said >= WAITING_NOTE_S:
+                    said = time.monotonic()
+                    print(f"  still waiting ({said - began:.0f}s) for {waiting}", flush=True)
+                time.sleep(TICK_S)
+        return not pending
+
+    def shutdown(self) -> None:
+        """Services first (all at once: SIGTERM, then SIGKILL after the grace), the broker last."""
+        services = [c for c in reversed(self.children) if isinstance(c, _Service)]
+        for service in services:
+            service.signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while any(s.exit_code() is None for s in services) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for service in services:
+            if service.exit_code() is None:
+                print(f"{service.name} ignored SIGTERM for {STOP_GRACE_S:g}s; killing it", file=sys.stderr)
+                service.signal_group(signal.SIGKILL)
+                assert service.process is not None
+                service.process.wait(10)
+        brokers = [c for c in self.children if isinstance(c, _Broker)]
+        if services and brokers:
+            print("services stopped; stopping kafka", flush=True)
+        for child in brokers:
+            child.stop()
+
+
+def _checks(settings: TenureSettings, api_port: int) -> dict[str, ReadinessCheck]:
+    host = probe_host(settings.api_host)
+
+    def processor(port: int) -> ReadinessCheck:
+        return ReadinessCheck(url=f"http://{host}:{port}" if port else None, optional_endpoint=True)
+
+    views_store = views_path(settings.state_dir) / "CURRENT"
+    projections = processor(settings.projections_health_port)
+    return {
+        "lease-coordinator": processor(settings.coordinator_health_port),
+        "projections": ReadinessCheck(projections.url, True, (views_store,)),
+        "command-api": ReadinessCheck(f"http://{host}:{api_port}"),
+        "effect-gateway": ReadinessCheck(f"http://{host}:{settings.gateway_port}"),
+        "fenced-ledger": ReadinessCheck(f"http://127.0.0.1:{settings.ledger_port}"),
+        "sim-environment": ReadinessCheck(f"http://127.0.0.1:{settings.sim_port}"),
+        "saga-orchestrator": processor(settings.saga_health_port),
+    }
+
+
+def _bootstrap(settings: TenureSettings, supervisor: _Supervisor) -> str:
+    if settings.kafka_bootstrap_servers:
+        print(f"using Kafka at {settings.kafka_bootstrap_servers} (KAFKA_BOOTSTRAP_SERVERS)")
+        return settings.kafka_bootstrap_servers
+    if launcher.broker_status() is not None:
+        bootstrap = launcher.resolve_bootstrap()
+        print(f"using the running bundled Kafka at {bootstrap} (not ours: it is left running)")
+        return bootstrap
+    kafka = _Broker(settings.kafka_port, launcher.default_state_dir())
+    supervisor.launch(kafka)
+    assert kafka.handle is not None
+    return kafka.handle.bootstrap_servers
 
 
 def up(args: argparse.Namespace) -> int:
     settings = TenureSettings()
-    started_broker: launcher.BrokerHandle | None = None
-    if settings.kafka_bootstrap_servers:
-        bootstrap = settings.kafka_bootstrap_servers
-        print(f"using Kafka at {bootstrap} (KAFKA_BOOTSTRAP_SERVERS)")
-    else:
-        status = launcher.broker_status()
-        if status is not None:
-            bootstrap = launcher.resolve_bootstrap()
-            print(f"using the running bundled Kafka at {bootstrap}")
-        else:
-            started_broker = launcher.start_broker()
-            bootstrap = started_broker.bootstrap_servers
-    wait_for_broker(bootstrap)
-    for name, outcome in create_topics(bootstrap, TOPICS).items():
-        print(f"topic {name}: {outcome}")
-    port = args.port or settings.api_port
-    gateway = os.environ.get("TENURE_GATEWAY_PORT", "8200")
-    ledger = os.environ.get("TENURE_LEDGER_PORT", "9100")
-    sim = os.environ.get("TENURE_SIM_PORT", "9200")
-    env = dict(
-        os.environ,
-        KAFKA_BOOTSTRAP_SERVERS=bootstrap,
-        TENURE_API_PORT=str(port),
-        TENURE_STATE_DIR=str(settings.state_dir),
-    )
-    env.setdefault("TENURE_TOOLS", f"ledger=http://127.0.0.1:{ledger},env=http://127.0.0.1:{sim}")
-    env.setdefault("TENURE_GATEWAY_URL", f"http://127.0.0.1:{gateway}")
-    children = [_Child(name, module) for name, module in SERVICES]
-    for child in children:
-        _spawn(child, env)
-        if child.name == "projections":
-            time.sleep(1.0)  # the API opens the views store the projector creates
-    print(
-        f"Tenure is up.\n  API      http://{settings.api_host}:{port}  (OpenAPI: /docs)\n"
-        f"  Gateway  http://{settings.api_host}:{gateway}  (effects under a lease)\n"
-        f"  Ledger   http://127.0.0.1:{ledger}  (reference fenced resource)\n"
-        f"  Sim env  http://127.0.0.1:{sim}  (reference saga tools; audit at /audit)\n"
-        f"  Kafka    {bootstrap}\n  State    {settings.state_dir}\nPress Ctrl-C to stop.",
-        flush=True,
-    )
-    stopping = False
-
-    def stop(*_: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    supervisor = _Supervisor()
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, supervisor.request_stop)
     try:
-        while not stopping:
-            time.sleep(0.5)
-            for child in children:
-                assert child.process is not None
-                code = child.process.poll()
-                if code is None or stopping:
-                    continue
-                now = time.monotonic()
-                child.restarts = [t for t in child.restarts if now - t < 60] + [now]
-                if len(child.restarts) > 5:
-                    print(f"{child.name} exited {code} six times in a minute; stopping", file=sys.stderr)
-                    stopping = True
-                    break
-                print(f"{child.name} exited with {code}; restarting", file=sys.stderr, flush=True)
-                _spawn(child, env)
+        bootstrap = _bootstrap(settings, supervisor)
+        wait_for_broker(bootstrap)
+        for name, outcome in create_topics(bootstrap, TOPICS).items():
+            print(f"topic {name}: {outcome}")
+        port = args.port or settings.api_port
+        overrides = {
+            "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+            "TENURE_API_PORT": str(port),
+            "TENURE_STATE_DIR": str(settings.state_dir),
+        }
+        if "tools" not in settings.model_fields_set:
+            overrides["TENURE_TOOLS"] = (
+                f"ledger=http://127.0.0.1:{settings.ledger_port},env=http://127.0.0.1:{settings.sim_port}"
+            )
+        if "gateway_url" not in settings.model_fields_set:
+            overrides["TENURE_GATEWAY_URL"] = f"http://127.0.0.1:{settings.gateway_port}"
+        env = child_environment(**overrides)
+        checks = _checks(settings, port)
+        services = [_Service(name, module, checks[name], env) for name, module in SERVICES]
+        first = [s for s in services if s.name in STARTED_BEFORE_THE_REST]
+        for service in first:
+            supervisor.launch(service)
+        projections = next(s for s in first if s.name == "projections")
+        store_only = ReadinessCheck(files=projections.check.files)
+        if not supervisor.wait_ready([(projections, store_only)], args.ready_timeout):
+            return 1 if supervisor.failure else 0
+        for service in services:
+            if service not in first:
+                supervisor.launch(service)
+        if not supervisor.wait_ready([(s, s.check) for s in services], args.ready_timeout):
+            return 1 if supervisor.failure else 0  # a failure, or a stop asked for during start-up
+        print(
+            f"Tenure is up.\n  API      http://{settings.api_host}:{port}  (OpenAPI: /docs)\n"
+            f"  Gateway  http://{settings.api_host}:{settings.gateway_port}  (effects under a lease)\n"
+            f"  Ledger   http://127.0.0.1:{settings.ledger_port}  (reference fenced resource)\n"
+            f"  Sim env  http://127.0.0.1:{settings.sim_port}  (reference saga tools; audit at /audit)\n"
+            f"  Kafka    {bootstrap}\n  State    {settings.state_dir}\nPress Ctrl-C to stop.",
+            flush=True,
+        )
+        while not supervisor.stopping:
+            supervisor.tick()
+            time.sleep(TICK_S)
     finally:
-        for child in reversed(children):
-            if child.process is not None and child.process.poll() is None:
-                launcher.stop_process(child.process.pid, grace_seconds=10.0, child=child.process)
-        if started_broker is not None:
-            started_broker.stop()
-        print("Tenure stopped.")
-    return 0
+        supervisor.shutdown()
+        print("Tenure stopped.", flush=True)
+    return 1 if supervisor.failure else 0
+

@@ -14,9 +14,28 @@ from services.common.kafka import InboundRecord, TopicFollower
 from services.common.kafka._records import header_value
 from services.common.messages import MessageCodec, UndecodableRecord
 from services.common.settings import TenureSettings
-from services.common.topics import DEADLETTER, RUNS_EVENTS, RUNS_REJECTIONS
+from services.common.topics import (
+    DEADLETTER,
+    INCIDENTS,
+    RUNS_EVENTS,
+    RUNS_REJECTIONS,
+    TRAJECTORIES_EVENTS,
+    TRAJECTORIES_REJECTIONS,
+)
 
-__all__ = ["decode_for_humans", "replay", "tail"]
+__all__ = ["DEFAULT_REPLAY_TOPIC", "DEFAULT_TAIL_TOPICS", "decode_for_humans", "replay", "tail"]
+
+# What an operator watches: facts and refusals of runs and of their trajectories, incidents
+# (REC-7) and dead letters. `tenure tail --help` names these from this same tuple.
+DEFAULT_TAIL_TOPICS = (
+    RUNS_EVENTS.name,
+    RUNS_REJECTIONS.name,
+    TRAJECTORIES_EVENTS.name,
+    TRAJECTORIES_REJECTIONS.name,
+    INCIDENTS.name,
+    DEADLETTER.name,
+)
+DEFAULT_REPLAY_TOPIC = RUNS_EVENTS.name
 
 _TIME_FIELDS = ("occurredAt", "issuedAt")
 
@@ -70,7 +89,7 @@ def _pretty(item: dict[str, Any]) -> str:
 
 def tail(args: argparse.Namespace) -> int:
     codec = MessageCodec()
-    topics = args.topics or [RUNS_EVENTS.name, RUNS_REJECTIONS.name, DEADLETTER.name]
+    topics = list(args.topics or DEFAULT_TAIL_TOPICS)
     follower = TopicFollower(
         TenureSettings().bootstrap_servers(),
         topics,
@@ -113,7 +132,7 @@ def _start_time_ms(text: str) -> int:
 
 
 def replay(args: argparse.Namespace) -> int:
-    topic = args.topic or RUNS_EVENTS.name
+    topic = args.topic or DEFAULT_REPLAY_TOPIC
     bootstrap = TenureSettings().bootstrap_servers()
     probe = TopicFollower(bootstrap, [topic], "end", client_id="tenure-replay-probe")
     ends = probe.end_offsets(topic)

@@ -1,6 +1,6 @@
 """One contract for the event-log port, run against the in-memory twin and against real Kafka.
 
-The processor's crash-safety argument (services/lease_coordinator/processor.py) rests on these
+The processors' crash-safety argument (services/common/aggregate/processor.py) rests on these
 properties: a commit is atomic and reports the offsets it wrote; a read returns exactly the
 committed records of one partition from an offset on; and (Kafka only) a transaction left open
 by a killed writer is aborted and invisible once a writer with the same transactional id starts.

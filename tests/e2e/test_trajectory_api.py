@@ -29,6 +29,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 OPERATOR_KEY = "op-key"
 RUNNER_KEY = "runner-key"
+SERVICE_KEY = "saga-key"
 RUNNER = "rita"
 
 
@@ -51,7 +52,11 @@ class TrajectorySystem:
             TENURE_GATEWAY_URL=self.gateway_url,
             TENURE_DECISION_TIMEOUT_S="10",
             TENURE_TOOL_TIMEOUT_S="2",
-            TENURE_API_KEYS=f"{OPERATOR_KEY}=olga:operator,{RUNNER_KEY}={RUNNER}:submitter",
+            # The orchestrator presents SERVICE_KEY to the effect gateway, which authenticates
+            # every effect (LEASE-1): this module is the saga path that runs with keys set.
+            TENURE_API_KEYS=f"{OPERATOR_KEY}=olga:operator,{RUNNER_KEY}={RUNNER}:submitter,"
+            f"{SERVICE_KEY}=tenure-saga:service",
+            TENURE_SERVICE_KEY=SERVICE_KEY,
         )
         self.services = [
             ServiceProcess(name, module, env, tmp)
@@ -75,7 +80,7 @@ class TrajectorySystem:
         for service in others:
             service.start()
         wait_for_http(f"{self.sim_url}/healthz")
-        wait_for_http(f"{self.gateway_url}/healthz", timeout_s=60)
+        wait_for_http(f"{self.gateway_url}/readyz", timeout_s=60)
         wait_for_http(f"{self.base}/healthz", timeout_s=60)
         return self
 

@@ -1,7 +1,8 @@
 """DUR-1 on real processes: SIGKILL the Run processor (and the projector) again and again while
 commands stream in; afterwards the committed event log has no duplicate and no gap, the
 processor's RocksDB state equals the pure fold of the log, and the projection equals a pure
-replay of the log and a rebuild from offset 0."""
+replay of the log and a rebuild from offset 0. The same for the saga orchestrator: both run on
+the one aggregate runtime (services/common/aggregate), so every aggregate is held to it."""
 
 from __future__ import annotations
 
@@ -16,18 +17,36 @@ from typing import Any
 
 import pytest
 
-from services.common.contracts import CommandRejected, RunEvent
+from services.common.contracts import (
+    AbortTrajectory,
+    CommandRejected,
+    FinishTrajectory,
+    RunEvent,
+    StartTrajectory,
+    TrajectoryCommand,
+)
+from services.common.ids import run_id_for
 from services.common.kafka import CommandPublisher, OutboundRecord
 from services.common.kafka._records import header_value
 from services.common.messages import MessageCodec
-from services.common.routing import command_record
+from services.common.routing import command_record, trajectory_command_record
 from services.common.store import MemoryStore, RocksStore
-from services.common.topics import DEADLETTER, RUNS_COMMANDS, RUNS_EVENTS, RUNS_REJECTIONS
+from services.common.topics import (
+    DEADLETTER,
+    RUNS_COMMANDS,
+    RUNS_EVENTS,
+    RUNS_REJECTIONS,
+    TRAJECTORIES_COMMANDS,
+    TRAJECTORIES_EVENTS,
+    TRAJECTORIES_REJECTIONS,
+)
 from services.lease_coordinator.domain import fold
 from services.lease_coordinator.state_codec import decode_state
 from services.projections.service import rebuild, views_path
 from services.projections.store import RunViewStore
 from services.projections.views import apply_event
+from services.saga_orchestrator import state_codec as trajectory_codec
+from services.saga_orchestrator.domain import fold as fold_trajectory
 from tests.support.system import (
     ServiceProcess,
     cancel_command,
@@ -171,3 +190,130 @@ def test_sigkill_of_processor_and_projector_loses_and_duplicates_nothing_DUR_1(
     report = rebuild(bootstrap, rebuilt)
     assert report.events == len(records)
     assert rebuilt.all_views() == live_views
+
+
+# --- the saga orchestrator on the same runtime -----------------------------------------------------
+
+TRAJECTORIES = 160
+
+
+def _trajectory(kind: type[TrajectoryCommand], run_id: str, command_id: str, **fields: Any) -> Any:
+    return kind(
+        command_id=command_id,
+        run_id=run_id,
+        issued_at=int(time.time() * 1000),
+        correlation_id=run_id,
+        actor="tests",
+        attempt_id="att-1",
+        lease_epoch=1,
+        **fields,
+    )
+
+
+def _decoded(bootstrap: str, topic: Any) -> list[Any]:
+    return decode_all(read_topic(bootstrap, topic.name, topic.partitions))
+
+
+def _stream_trajectory_commands(
+    bootstrap: str, tag: str, done: threading.Event, sent: dict[str, Any]
+) -> None:
+    """Starts, some repeated starts, finishes and aborts of earlier ones, one garbage record, paced."""
+    codec = MessageCodec()
+    publisher = CommandPublisher(bootstrap, client_id="dur1-saga-producer")
+    rng = random.Random(13)
+    futures = []
+    try:
+        for i in range(TRAJECTORIES):
+            run_id = run_id_for("dur1s", f"{tag}-{i}")
+            start = _trajectory(StartTrajectory, run_id, f"{tag}-start-{i}")
+            sent["runs"].append(run_id)
+            futures.append(publisher.publish(trajectory_command_record(codec, start)))
+            if rng.random() < 0.1:  # a client retry: same command again
+                futures.append(publisher.publish(trajectory_command_record(codec, start)))
+            if i >= 5 and rng.random() < 0.4:
+                target = sent["runs"][rng.randrange(0, i)]
+                end: Any = (
+                    _trajectory(FinishTrajectory, target, f"{tag}-finish-{i}")
+                    if rng.random() < 0.5
+                    else _trajectory(AbortTrajectory, target, f"{tag}-abort-{i}", reason="enough")
+                )
+                sent["ends"].append(end.command_id)
+                futures.append(publisher.publish(trajectory_command_record(codec, end)))
+            if i == TRAJECTORIES // 2:
+                garbage = OutboundRecord(TRAJECTORIES_COMMANDS.name, key=tag.encode(), value=GARBAGE)
+                futures.append(publisher.publish(garbage))
+            time.sleep(0.03)
+        for future in futures:
+            future.result(30)
+    finally:
+        publisher.close()
+        done.set()
+
+
+def test_sigkill_of_the_saga_orchestrator_loses_and_duplicates_nothing_DUR_1(
+    tenure_topics: str, tmp_path: Path
+) -> None:
+    bootstrap = tenure_topics
+    tag = f"dur1s-{time.time_ns()}"
+    env = service_env(bootstrap, tmp_path / "state")
+    orchestrator = ServiceProcess("saga-orchestrator", "services.saga_orchestrator", env, tmp_path).start()
+    sent: dict[str, Any] = {"runs": [], "ends": []}
+    done = threading.Event()
+    producer = threading.Thread(target=_stream_trajectory_commands, args=(bootstrap, tag, done, sent))
+    producer.start()
+    kills = 0
+    try:
+        rng = random.Random(17)
+        while not done.is_set() and kills < KILLS:
+            time.sleep(rng.uniform(0.8, 1.8))
+            orchestrator.sigkill()
+            orchestrator.start()
+            kills += 1
+        producer.join(120)
+        assert kills == KILLS, "the producer finished before every kill happened; slow it down"
+
+        def all_decided() -> bool:
+            events = _decoded(bootstrap, TRAJECTORIES_EVENTS)
+            refusals = _decoded(bootstrap, TRAJECTORIES_REJECTIONS)
+            causes = {e.causation_id for e in events} | {r.causation_id for r in refusals}
+            started = {e.run_id for e in events if type(e).__name__ == "TrajectoryStarted"}
+            return set(sent["runs"]) <= started and set(sent["ends"]) <= causes
+
+        wait_until(all_decided, 90, "every trajectory command to be decided", poll_s=1.0)
+    finally:
+        orchestrator.stop()
+    assert orchestrator.starts == KILLS + 1
+
+    events = [e for e in _decoded(bootstrap, TRAJECTORIES_EVENTS) if e.run_id in set(sent["runs"])]
+    # 1. The committed log: exactly once per cause, versions 1..n without gaps per trajectory.
+    assert len({e.event_id for e in events}) == len(events), "an event was committed twice"
+    by_run: dict[str, list[Any]] = defaultdict(list)
+    for event in events:
+        by_run[event.run_id].append(event)
+    for run_id, run_events in by_run.items():
+        assert [e.version for e in run_events] == list(range(1, len(run_events) + 1)), run_id
+    # 2. The RocksDB state is the fold of the log, and the live index holds exactly the live ones.
+    store = RocksStore(tmp_path / "state" / "saga_orchestrator-0" / "trajectories")
+    try:
+        scanned = store.scan("trajectory/")
+        stored = {k.removeprefix("trajectory/"): trajectory_codec.decode_state(v) for k, v in scanned}
+        live = {k.rsplit("/", 1)[-1] for k, _ in store.scan("active/")}
+    finally:
+        store.close()
+    assert {r for r in stored if r in by_run} == set(by_run) == set(sent["runs"])
+    for run_id, run_events in by_run.items():
+        assert stored[run_id] == fold_trajectory(run_events), run_id
+    assert {r for r in live if r in by_run} == {r for r in by_run if not stored[r].status.is_terminal}
+    # 3. Each end was answered once; the garbage went to the dead letters, once.
+    refusals = [r for r in _decoded(bootstrap, TRAJECTORIES_REJECTIONS) if r.run_id in by_run]
+    assert len({r.event_id for r in refusals}) == len(refusals)
+    answers = [e.causation_id for e in events if e.causation_id in set(sent["ends"])]
+    answers += [r.causation_id for r in refusals]
+    assert sorted(set(answers)) == sorted(set(sent["ends"]))
+    dead = [
+        r
+        for r in read_topic(bootstrap, DEADLETTER.name, DEADLETTER.partitions)
+        if r.key == tag.encode()
+        and header_value(r.headers, "tenure-dlq-source-topic") == TRAJECTORIES_COMMANDS.name.encode()
+    ]
+    assert len(dead) == 1 and dead[0].value == GARBAGE

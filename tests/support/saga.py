@@ -64,7 +64,7 @@ class SagaSystem:
         for service in (self.coordinator, self.sim, self.gateway, self.orchestrator):
             service.start()
         wait_for_http(f"{self.sim_url}/healthz")
-        wait_for_http(f"{self.gateway_url}/healthz", timeout_s=60)
+        wait_for_http(f"{self.gateway_url}/readyz", timeout_s=60)
         return self
 
     def stop(self) -> None:

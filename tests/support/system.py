@@ -16,6 +16,7 @@ import httpx
 from services.common.contracts import CancelRun, SubmitRun
 from services.common.ids import canonical_json, command_id_for, run_id_for
 from services.common.kafka import InboundRecord, PartitionReader
+from services.common.lifeline import lifeline_argv
 from services.common.messages import MessageCodec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -34,8 +35,10 @@ class ServiceProcess:
         with open(self.log_path, "ab") as log:  # the child keeps its own copy of the descriptor
             log.write(f"\n===== start #{self.starts + 1} =====\n".encode())
             log.flush()
+            # A lifeline: a pytest run that is killed (a timeout, Ctrl-C) takes its services
+            # with it instead of leaving them running and loading the machine.
             self.process = subprocess.Popen(
-                [sys.executable, "-m", self.module],
+                lifeline_argv([sys.executable, "-m", self.module]),
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -145,3 +148,39 @@ def wait_for_http(url: str, timeout_s: float = 30.0) -> None:
             return False
 
     wait_until(ready, timeout_s, f"{url} to answer")
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now (for a child's health or API port)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_for_ready(
+    port: int, timeout_s: float = 60.0, process: ServiceProcess | None = None
+) -> dict[str, Any]:
+    """Wait until a processor's health server answers GET /readyz 200; returns that body.
+
+    Fails at once if `process` dies meanwhile, and otherwise names the last 503's failed checks."""
+    last: dict[str, Any] = {}
+
+    def ready() -> dict[str, Any] | None:
+        nonlocal last
+        if process is not None and not process.alive():
+            raise AssertionError(f"{process.name} exited while waiting for /readyz:\n{process.log_tail()}")
+        try:
+            response = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1.0)
+        except httpx.HTTPError as exc:
+            last = {"error": str(exc)}
+            return None
+        last = response.json()
+        return last if response.status_code == 200 else None
+
+    try:
+        body: dict[str, Any] = wait_until(ready, timeout_s, f"/readyz on port {port}", poll_s=0.2)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last answer: {last}") from None
+    return body

@@ -57,7 +57,7 @@ class TenureSystem:
             self.ledger.start()
             self.gateway.start()
             wait_for_http(f"{self.ledger_url}/healthz")
-            wait_for_http(f"{self.gateway_url}/healthz")
+            wait_for_http(f"{self.gateway_url}/readyz")  # /healthz is liveness only
         wait_for_http(f"{self.base}/healthz")
         return self
 

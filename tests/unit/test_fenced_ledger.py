@@ -22,8 +22,9 @@ import pytest
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
-from services.fenced_ledger.__main__ import database_path, faults_enabled, listen_port
+from services.common.settings import TenureSettings
 from services.fenced_ledger.app import PROBLEM_TYPES, create_app
 from services.fenced_ledger.ledger import (
     INT64_MAX,
@@ -627,14 +628,25 @@ def test_app_eight_threads_posting_one_key_apply_it_once_EXE_6(client: TestClien
 # --------------------------------------------------------------------------- configuration
 
 
-def test_main_reads_port_db_and_faults_from_the_environment(tmp_path: Path) -> None:
-    assert listen_port({}) == 9100
-    assert listen_port({"TENURE_LEDGER_PORT": "9201"}) == 9201
-    with pytest.raises(ValueError, match="TENURE_LEDGER_PORT"):
-        listen_port({"TENURE_LEDGER_PORT": "http"})
-    assert database_path({"TENURE_LEDGER_DB": str(tmp_path / "x.db")}) == tmp_path / "x.db"
-    assert database_path({"TENURE_STATE_DIR": str(tmp_path)}) == tmp_path / "fenced_ledger.sqlite3"
-    assert database_path({}).parts[-2:] == (".tenure", "fenced_ledger.sqlite3")
-    assert faults_enabled({"TENURE_LEDGER_FAULTS": "1"}) is True
-    assert faults_enabled({"TENURE_LEDGER_FAULTS": "0"}) is False
-    assert faults_enabled({}) is False
+def test_main_reads_port_db_and_faults_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("TENURE_LEDGER_PORT", "TENURE_LEDGER_DB", "TENURE_STATE_DIR", "TENURE_LEDGER_FAULTS"):
+        monkeypatch.delenv(name, raising=False)
+    assert TenureSettings().ledger_port == 9100
+    assert TenureSettings().ledger_database().parts[-2:] == (".tenure", "fenced_ledger.sqlite3")
+    assert TenureSettings().ledger_faults is False
+    monkeypatch.setenv("TENURE_LEDGER_PORT", "9201")
+    assert TenureSettings().ledger_port == 9201
+    monkeypatch.setenv("TENURE_LEDGER_PORT", "http")
+    with pytest.raises(ValidationError, match="ledger_port"):
+        TenureSettings()
+    monkeypatch.delenv("TENURE_LEDGER_PORT")
+    monkeypatch.setenv("TENURE_STATE_DIR", str(tmp_path))
+    assert TenureSettings().ledger_database() == tmp_path / "fenced_ledger.sqlite3"
+    monkeypatch.setenv("TENURE_LEDGER_DB", str(tmp_path / "x.db"))
+    assert TenureSettings().ledger_database() == tmp_path / "x.db"
+    monkeypatch.setenv("TENURE_LEDGER_FAULTS", "1")
+    assert TenureSettings().ledger_faults is True
+    monkeypatch.setenv("TENURE_LEDGER_FAULTS", "0")
+    assert TenureSettings().ledger_faults is False

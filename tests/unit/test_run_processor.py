@@ -2,7 +2,7 @@
 
 Proves DUR-1 for the Run processor: after every batch the stored state equals `fold` of the
 events on runs.events and the checkpoint is the last event offset + 1; a crash at any step of
-the commit order (module docstring of services/lease_coordinator/processor.py) followed by
+the commit order (module docstring of services/common/aggregate/processor.py) followed by
 redelivery of the unacknowledged batch to a NEW processor leaves a log without duplicate or
 missing versions and a state equal to the replay of that log. Also EXE-2 (the events of one
 command are committed atomically) and the dead-letter contract.

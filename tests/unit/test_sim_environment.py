@@ -20,9 +20,10 @@ import pytest
 from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
+from services.common.settings import TenureSettings
 from services.sim_environment import load_tool_registrations
-from services.sim_environment.__main__ import SimConfigError, listen_host, listen_port, time_scale
 from services.sim_environment.app import create_app
 from services.sim_environment.verifiers import UnknownVerifier, verify
 from services.sim_environment.world import OPERATIONS, Answer, Fault, World, is_back_to_start
@@ -679,16 +680,23 @@ def test_compensator_bindings_from_tools_json_drive_a_real_unwind() -> None:
     assert is_back_to_start(world.audit())
 
 
-def test_main_reads_its_configuration_from_the_environment() -> None:
-    assert (listen_host({}), listen_port({}), time_scale({})) == ("127.0.0.1", 9200, 0.0)
+def test_main_reads_its_configuration_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    defaults = TenureSettings()
+    assert (defaults.sim_host, defaults.sim_port, defaults.sim_time_scale) == ("127.0.0.1", 9200, 0.0)
     env = {"TENURE_SIM_HOST": "0.0.0.0", "TENURE_SIM_PORT": "9300", "TENURE_SIM_TIME_SCALE": "0.5"}
-    assert (listen_host(env), listen_port(env), time_scale(env)) == ("0.0.0.0", 9300, 0.5)
-    for bad in ({"TENURE_SIM_PORT": "70000"}, {"TENURE_SIM_PORT": "x"}):
-        with pytest.raises(SimConfigError):
-            listen_port(bad)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    configured = TenureSettings()
+    assert (configured.sim_host, configured.sim_port, configured.sim_time_scale) == ("0.0.0.0", 9300, 0.5)
+    for bad in ("70000", "x"):
+        monkeypatch.setenv("TENURE_SIM_PORT", bad)
+        with pytest.raises(ValidationError):
+            TenureSettings()
+    monkeypatch.setenv("TENURE_SIM_PORT", "9300")
     for bad_scale in ("-1", "nan", "inf", "fast"):
-        with pytest.raises(SimConfigError):
-            time_scale({"TENURE_SIM_TIME_SCALE": bad_scale})
+        monkeypatch.setenv("TENURE_SIM_TIME_SCALE", bad_scale)
+        with pytest.raises(ValidationError):
+            TenureSettings()
 
 
 # --------------------------------------------------------------------------- for the fault scoreboard (DUR-3)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from services.common.avro._errors import (
     UndecodableRecord,
     UnknownSchema,
 )
+from services.common.settings import schema_dir_override
 
 SINGLE_OBJECT_MAGIC = b"\xc3\x01"
 SCHEMA_DIR_ENV = "TENURE_SCHEMA_DIR"
@@ -273,8 +273,7 @@ def _registry_at(root: Path) -> SchemaRegistry:
 
 def default_registry() -> SchemaRegistry:
     """The registry of `<repo>/schemas`, or of $TENURE_SCHEMA_DIR; loaded once per directory."""
-    configured = os.environ.get(SCHEMA_DIR_ENV)
-    root = Path(configured) if configured else Path(__file__).resolve().parents[3] / "schemas"
+    root = schema_dir_override() or Path(__file__).resolve().parents[3] / "schemas"
     return _registry_at(root.resolve())
 
 

@@ -23,6 +23,7 @@ from services.common.contracts.leases import (
     RunRequeued,
     TakeOverLease,
     UploadGrantIssued,
+    holder_principal,
 )
 from services.common.contracts.lifecycle import (
     DeadlineReached,
@@ -161,5 +162,6 @@ __all__ = [
     "UploadGrantIssued",
     "from_record",
     "full_name_of",
+    "holder_principal",
     "to_record",
 ]

@@ -30,6 +30,7 @@ __all__ = [
     "RunRequeued",
     "TakeOverLease",
     "UploadGrantIssued",
+    "holder_principal",
 ]
 
 
@@ -221,6 +222,12 @@ class LeaseTakenOver(EventHeader):
     heartbeat_seconds: int
     at_risk_after_ms: int
     expires_at: int
+
+
+def holder_principal(event: AttemptClaimed | LeaseTakenOver) -> str:
+    """Who may speak for the lease `event` issued (LEASE-1): the principal that claimed it, or
+    the holder a takeover named. The one rule for the projections and the effect gateway."""
+    return event.actor if isinstance(event, AttemptClaimed) else event.holder
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,6 +6,7 @@ catch-up, projections, tailing and replay.
 """
 
 from services.common.kafka._admin import create_topics, describe_topics, wait_for_broker
+from services.common.kafka._errors import is_transient_kafka_error
 from services.common.kafka._publisher import CommandPublisher
 from services.common.kafka._reader import PartitionReader, TopicFollower
 from services.common.kafka._records import InboundRecord, OutboundRecord
@@ -21,5 +22,6 @@ __all__ = [
     "WriterFenced",
     "create_topics",
     "describe_topics",
+    "is_transient_kafka_error",
     "wait_for_broker",
 ]

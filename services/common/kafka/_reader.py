@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Iterator, Literal, Mapping
 
-from confluent_kafka import OFFSET_END, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
 
 from services.common.kafka._config import base_config, normalise_headers
 from services.common.kafka._records import InboundRecord
@@ -90,7 +90,9 @@ class PartitionReader:
                             return
                         continue
                     if error.code() != KafkaError._PARTITION_EOF:
-                        raise RuntimeError(f"reading {topic}[{partition}] failed: {error}")
+                        # The cause tells the stream runtime a broker away from a real fault.
+                        cause = KafkaException(error)
+                        raise RuntimeError(f"reading {topic}[{partition}] failed: {error}") from cause
                 # Control records and aborted data advance the position without being delivered.
                 position = self._consumer.position([tp])[0].offset
                 if position >= high:
@@ -187,6 +189,18 @@ class TopicFollower:
         """{partition: next offset this follower will return} (negative when not yet known)."""
         assigned = [tp for tp in self._consumer.assignment() if tp.topic == topic]
         return {tp.partition: tp.offset for tp in self._consumer.position(assigned)}
+
+    def lag(self) -> int | None:
+        """Records between this follower's positions and the partitions' ends as it last heard
+        them from its fetches (no broker call, so cheap enough for a readiness probe); None
+        while some partition's end or position is not known yet."""
+        total = 0
+        for tp in self._consumer.position(self._consumer.assignment()):
+            _, high = self._consumer.get_watermark_offsets(tp, cached=True)
+            if high < 0 or tp.offset < 0:
+                return None
+            total += max(0, int(high) - int(tp.offset))
+        return total
 
     def offsets_for_time(self, topic: str, timestamp_ms: int) -> dict[int, int]:
         metadata = self._consumer.list_topics(topic, timeout=10.0).topics[topic]

@@ -5,7 +5,8 @@ one atomic write, so a crash can never leave state that claims more (or less) th
 """
 
 from services.common.store._contract import KeyValueStore, StoreReadOnly
+from services.common.store._errors import is_transient_store_error
 from services.common.store._memory import MemoryStore
 from services.common.store._rocks import RocksStore
 
-__all__ = ["KeyValueStore", "MemoryStore", "RocksStore", "StoreReadOnly"]
+__all__ = ["KeyValueStore", "MemoryStore", "RocksStore", "StoreReadOnly", "is_transient_store_error"]

@@ -2,9 +2,9 @@
 
 Services hand it a plain batch handler; faust only consumes, batches and acknowledges. Writes
 and state never go through faust (its exactly_once mode double-counts after kills and
-rebalances, faust-streaming/faust#323, #517), see services/lease_coordinator/processor.py.
+rebalances, faust-streaming/faust#323, #517), see services/common/aggregate/processor.py.
 """
 
-from services.common.streams._runtime import CommandStream, StreamSettings
+from services.common.streams._runtime import CommandStream, Failure, StreamSettings, classify_failure
 
-__all__ = ["CommandStream", "StreamSettings"]
+__all__ = ["CommandStream", "Failure", "StreamSettings", "classify_failure"]

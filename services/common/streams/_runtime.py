@@ -2,30 +2,72 @@
 
 Acknowledgement contract: faust's `take_events` acks a batch after the handler returns, even
 when the handler raised. A handler failure must therefore never return normally with work
-undone: we retry transient failures and otherwise end the process at once, so that the
+undone: the runtime retries what may pass and otherwise ends the process at once, so that the
 uncommitted commands are redelivered to the next incarnation instead of being acked away.
+
+What reaches the runtime is never one command's fault: the processors set aside a command whose
+handling raises (services/common/poison.py) and go on. What does reach it is classified:
+  * FENCED (WriterFenced): another incarnation owns the transactional id, so these partitions
+    are someone else's. Stop deciding now: exit, and let the supervisor start a fresh one.
+  * TRANSIENT (a retriable Kafka error, a RocksDB I/O error, a timeout, a lost connection):
+    retried with the one capped full-jitter backoff (services/common/backoff.py), one log line
+    when the work starts failing and one when it recovers. While it lasts, /readyz says so. Past
+    `transient_budget_s` the process exits: a fresh incarnation restores from the log, and the
+    consumer group does not wait for a member stuck in a retry loop (faust holds a rebalance
+    until the batch in hand is acknowledged).
+  * anything else: the same every time (a bug, a corrupt log): exit, as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, NoReturn
 
 import faust
 
-from services.common.kafka import InboundRecord
+from services.common.backoff import Backoff
+from services.common.health import Check, StreamMetrics
+from services.common.kafka import InboundRecord, WriterFenced, is_transient_kafka_error
+from services.common.store import is_transient_store_error
 
-__all__ = ["CommandStream", "StreamSettings"]
+__all__ = ["CommandStream", "Failure", "StreamSettings", "classify_failure"]
 
 log = logging.getLogger("tenure.streams")
 
 BatchHandler = Callable[[Sequence[InboundRecord]], object]
 _EXIT_HANDLER_FAILED = 70
+_EXIT_FENCED = 75  # EX_TEMPFAIL: a supervisor restarts it; it rejoins as a fresh member
+
+
+class Failure(enum.Enum):
+    TRANSIENT = "transient"
+    FENCED = "fenced"
+    FATAL = "fatal"
+
+
+def classify_failure(exc: BaseException) -> Failure:
+    """FENCED, TRANSIENT or FATAL, looking through explicit causes (`raise ... from`)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, WriterFenced):
+            return Failure.FENCED
+        if (
+            isinstance(current, (TimeoutError, ConnectionError))
+            or is_transient_kafka_error(current)
+            or is_transient_store_error(current)
+        ):
+            return Failure.TRANSIENT
+        current = current.__cause__
+    return Failure.FATAL
 
 
 @dataclass(frozen=True)
@@ -42,11 +84,57 @@ class StreamSettings:
     session_timeout_s: float = 10.0
     batch_size: int = 200
     batch_window_s: float = 0.005
-    handler_attempts: int = 5
     # How often timer work (lease expiry) runs: bounds how late an expiry is recorded.
     tick_interval_s: float = 0.1
     # faust's own chatter; raise to INFO/DEBUG when diagnosing rebalances.
     framework_log_level: str = "WARNING"
+    # Transient failures: full jitter between 0 and min(cap, base * 2**attempt), for at most
+    # the budget (well under faust's max poll interval of 1000 s, after which the group evicts).
+    retry_base_s: float = 0.1
+    retry_cap_s: float = 5.0
+    transient_budget_s: float = 120.0
+
+
+class _Retrying:
+    """One kind of work's transient failures: backoff, budget, and a log line per change."""
+
+    def __init__(self, work: str, settings: StreamSettings, metrics: StreamMetrics) -> None:
+        self.work = work
+        self._backoff = Backoff(settings.retry_base_s, settings.retry_cap_s)
+        self._budget_s = settings.transient_budget_s
+        self._metrics = metrics
+        self.failing_since: float | None = None
+        self.last_error = ""
+        self.retries = 0
+        self.next_attempt_at = 0.0
+
+    def failed(self, exc: BaseException) -> float | None:
+        """The delay before the next attempt, or None once the budget is spent."""
+        now = time.monotonic()
+        self.last_error = f"{type(exc).__name__}: {exc}"[:300]
+        if self.failing_since is None:
+            self.failing_since = now
+            log.warning("%s failing transiently (%s); retrying with backoff", self.work, self.last_error)
+        self.retries += 1
+        self._metrics.retried(self.work)
+        if now - self.failing_since > self._budget_s:
+            return None
+        delay = self._backoff.next_delay()
+        self.next_attempt_at = now + delay
+        return delay
+
+    def succeeded(self) -> None:
+        if self.failing_since is not None:
+            log.info(
+                "%s recovered after %d retries in %.1f s",
+                self.work,
+                self.retries,
+                time.monotonic() - self.failing_since,
+            )
+        self.failing_since = None
+        self.retries = 0
+        self.next_attempt_at = 0.0
+        self._backoff.reset()
 
 
 class CommandStream:
@@ -57,12 +145,26 @@ class CommandStream:
         on_revoked: Callable[[], None],
         on_assigned: Callable[[set[int]], object],
         on_tick: Callable[[], object] | None = None,
+        *,
+        restored: Callable[[], frozenset[int]] | None = None,
+        metrics: StreamMetrics | None = None,
+        classify: Callable[[BaseException], Failure] = classify_failure,
+        sleep: Callable[[float], None] = time.sleep,
+        exit_process: Callable[[int], None] = os._exit,
     ) -> None:
         self._settings = settings
         self._handler = handler
         self._on_revoked = on_revoked
         self._on_assigned = on_assigned
         self._on_tick = on_tick
+        self._restored = restored
+        self._metrics = metrics or StreamMetrics(settings.app_id)
+        self._classify = classify
+        self._sleep = sleep
+        self._exit = exit_process
+        self._retrying = {w: _Retrying(w, settings, self._metrics) for w in ("batch", "tick")}
+        # None until the group assigns partitions (and again during a rebalance).
+        self.assignment: frozenset[int] | None = None
         self.app = self._build_app()
 
     def _build_app(self) -> faust.App:
@@ -95,6 +197,8 @@ class CommandStream:
         )
 
         async def revoked(_sender: Any, /, *_: Any, signal: Any, **__: Any) -> None:
+            self.assignment = None
+            self._metrics.revoked()
             self._on_revoked()
 
         async def assigned(_sender: Any, /, *args: Any, signal: Any, **__: Any) -> None:
@@ -103,7 +207,9 @@ class CommandStream:
             if mine:
                 # Restore before the first command of these partitions is handed over, so the
                 # state is current even for partitions that receive no command for a while.
-                await asyncio.to_thread(self._on_assigned, mine)
+                await asyncio.to_thread(self._assign, mine)
+            self.assignment = frozenset(mine)
+            self._metrics.assigned(len(mine))
 
         app.on_partitions_revoked.connect(revoked)
         app.on_partitions_assigned.connect(assigned)
@@ -111,40 +217,119 @@ class CommandStream:
         async def process(stream: Any) -> None:
             async for events in stream.take_events(s.batch_size, within=s.batch_window_s):
                 records = [_record_of(e.message) for e in events]
-                await asyncio.to_thread(self._handle_or_die, records)
+                await asyncio.to_thread(self.handle_or_die, records)
 
         app.agent(topic, name=f"{s.app_id}.process")(process)
         if self._on_tick is not None:
             on_tick = self._on_tick
 
             async def tick() -> None:
-                await asyncio.to_thread(self._call_or_die, on_tick)
+                await asyncio.to_thread(self.tick_or_die, on_tick)
 
             app.timer(s.tick_interval_s, on_leader=False)(tick)
         return app
 
-    def _call_or_die(self, work: Callable[[], object]) -> None:
-        try:
-            work()
-        except Exception:
-            # Same rule as for batches: never carry on with state this process cannot trust.
-            log.critical("timer work failed; exiting so a fresh incarnation restores", exc_info=True)
-            os._exit(_EXIT_HANDLER_FAILED)
+    # --- the three kinds of work, each classified -----------------------------------------------
 
-    def _handle_or_die(self, records: list[InboundRecord]) -> None:
-        delay = 0.1
-        for attempt in range(1, self._settings.handler_attempts + 1):
+    def handle_or_die(self, records: Sequence[InboundRecord]) -> None:
+        """Hand `records` to the handler until it succeeds; exit rather than return with them undone."""
+        retrying = self._retrying["batch"]
+        while True:
             try:
                 self._handler(records)
-                return
-            except Exception:
-                log.exception("batch handler failed (attempt %d)", attempt)
-                if attempt == self._settings.handler_attempts:
-                    break
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
-        log.critical("giving up on a batch; exiting so the commands are redelivered")
-        os._exit(_EXIT_HANDLER_FAILED)
+            except Exception as exc:
+                delay = self._retry_or_die(retrying, exc, "a batch")
+                self._sleep(delay)
+                continue
+            retrying.succeeded()
+            return
+
+    def tick_or_die(self, work: Callable[[], object]) -> None:
+        """Timer work: a transient failure skips ticks until its backoff has passed."""
+        retrying = self._retrying["tick"]
+        if time.monotonic() < retrying.next_attempt_at:
+            return
+        try:
+            work()
+        except Exception as exc:
+            self._retry_or_die(retrying, exc, "timer work")
+            return
+        retrying.succeeded()
+
+    def _assign(self, partitions: set[int]) -> None:
+        try:
+            self._on_assigned(partitions)
+        except Exception as exc:
+            self._die_unless_transient(exc, "restoring assigned partitions")
+            # Left to the lazy restore: the next batch or tick restores every partition that is
+            # assigned but not restored (and /readyz says "restore" until then).
+            log.warning(
+                "restoring partitions %s failed transiently (%s); the next batch or tick retries",
+                sorted(partitions),
+                exc,
+            )
+            self._metrics.retried("assign")
+
+    def _retry_or_die(self, retrying: _Retrying, exc: Exception, what: str) -> float:
+        self._die_unless_transient(exc, what)
+        delay = retrying.failed(exc)
+        if delay is not None:
+            return delay
+        log.critical(
+            "%s kept failing for %.0f s (%s); exiting so a fresh incarnation restores",
+            what,
+            self._settings.transient_budget_s,
+            retrying.last_error,
+        )
+        self._die(_EXIT_HANDLER_FAILED)
+
+    def _die_unless_transient(self, exc: Exception, what: str) -> None:
+        kind = self._classify(exc)
+        if kind is Failure.FENCED:
+            log.critical(
+                "%s: the transactional writer was fenced (another instance owns these partitions); "
+                "exiting without deciding anything more",
+                what,
+                exc_info=exc,
+            )
+            self._die(_EXIT_FENCED)
+        elif kind is Failure.FATAL:
+            log.critical("%s failed and a retry would fail the same way; exiting", what, exc_info=exc)
+            self._die(_EXIT_HANDLER_FAILED)
+
+    def _die(self, code: int) -> NoReturn:
+        self._exit(code)
+        # Only reached when exit_process is a test double that returns: never carry on.
+        raise SystemExit(code)
+
+    # --- readiness ------------------------------------------------------------------------------
+
+    def checks(self) -> list[Check]:
+        """Readiness: partitions assigned, all of them restored, and no work failing transiently."""
+        assignment = self.assignment
+        topic = self._settings.topic
+        if assignment is None:
+            checks = [Check("assignment", False, f"waiting for the group to assign {topic} partitions")]
+        else:
+            checks = [Check("assignment", True, f"{topic} partitions {sorted(assignment)}")]
+            if self._restored is not None:
+                pending = sorted(assignment - self._restored())
+                checks.append(
+                    Check("restore", False, f"partitions {pending} not restored yet")
+                    if pending
+                    else Check("restore", True, f"partitions {sorted(assignment)} restored")
+                )
+        failing = [r for r in self._retrying.values() if r.failing_since is not None]
+        if failing:
+            now = time.monotonic()
+            detail = "; ".join(
+                f"{r.work} failing for {now - (r.failing_since or now):.1f} s ({r.last_error})"
+                for r in failing
+            )
+            checks.append(Check("dependencies", False, detail))
+        else:
+            checks.append(Check("dependencies", True, "Kafka and the state store answering"))
+        return checks
 
     def run(self) -> None:
         """Run the worker in the foreground until SIGTERM/SIGINT."""

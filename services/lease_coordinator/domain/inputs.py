@@ -18,6 +18,7 @@ from services.common.contracts import (
     RunEvent,
     UploadGrantIssued,
 )
+from services.common.contracts.ids import grant_id_for, run_id_of_grant
 from services.common.ids import derived_id
 from services.lease_coordinator.domain.lifecycle import (
     LeaseCertainty,
@@ -47,18 +48,6 @@ __all__ = [
 ]
 
 CHECKPOINT_CAPABILITY = "checkpoint-v1"
-
-
-def grant_id_for(run_id: str, command_id: str) -> str:
-    """Grant ids name their run, so an upload can be checked against the run's grants."""
-    return f"grant_{run_id.removeprefix('run_')}_{derived_id('g', command_id).removeprefix('g_')[:16]}"
-
-
-def run_id_of_grant(grant_id: str) -> str | None:
-    parts = grant_id.split("_")
-    if len(parts) != 3 or parts[0] != "grant":
-        return None
-    return f"run_{parts[1]}"
 
 
 def decide_request_input(state: RunState, command: RequestInput, now_ms: int, lease: LeaseState) -> Decision:

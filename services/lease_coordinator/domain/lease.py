@@ -65,6 +65,7 @@ __all__ = [
     "evolve_lease",
     "fence",
     "next_timer_at",
+    "superseded_lease",
 ]
 
 HOLDER_KINDS = ("runner", "human")
@@ -490,6 +491,15 @@ def _with_certainty(lease: LeaseState | None, certainty: LeaseCertainty, **chang
     if lease is None:
         raise ValueError("no lease to change")
     return dataclasses.replace(lease, certainty=check_lease_transition(lease.certainty, certainty), **changes)
+
+
+def superseded_lease(lease: LeaseState) -> LeaseState:
+    """`lease` as it ends when a newer epoch is granted (LEASE-3, LEASE-6): a grant made while it
+    is still held (a takeover) revokes it; a lease that had already ended stays as it ended.
+
+    `evolve` keeps only the newest lease; readers that keep the older ones (the Run view) take
+    their final certainty from here rather than deciding it themselves."""
+    return _with_certainty(lease, LeaseCertainty.REVOKED) if lease.held else lease
 
 
 def _reported_status(state: RunState, outcome: str) -> RunStatus:

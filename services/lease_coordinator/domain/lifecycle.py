@@ -10,6 +10,8 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Mapping
 
+from services.common.contracts.status import RunStatus
+
 __all__ = [
     "LEASE_TRANSITIONS",
     "TERMINAL_STATUSES",
@@ -21,18 +23,6 @@ __all__ = [
     "check_transition",
     "is_allowed",
 ]
-
-
-class RunStatus(StrEnum):
-    QUEUED = "queued"
-    PREPARING = "preparing"
-    RUNNING = "running"
-    CANCELLING = "cancelling"
-    WAITING_INPUT = "waiting_input"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    INTERRUPTED = "interrupted"
 
 
 _S = RunStatus

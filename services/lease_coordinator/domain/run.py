@@ -31,6 +31,7 @@ from services.common.contracts import (
     SubmitRun,
     TakeOverLease,
 )
+from services.common.contracts.status import MAX_ATTEMPTS_LIMIT, MAX_TIMEOUT_SECONDS
 from services.common.ids import canonical_json, derived_id, run_id_for, sha256_digest
 from services.common.sequencing import Sequencing, sequence
 from services.lease_coordinator.domain.inputs import (
@@ -78,8 +79,6 @@ __all__ = [
     "rejection_event",
 ]
 
-MAX_ATTEMPTS_LIMIT = 10
-MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
 
 
 # --- decide -----------------------------------------------------------------------------------

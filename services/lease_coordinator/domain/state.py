@@ -7,6 +7,7 @@ from enum import StrEnum
 from typing import Any, Mapping, Union
 
 from services.common.contracts import RunEvent
+from services.common.contracts.ids import attempt_id_for, lease_id_for, run_id_of_attempt
 from services.common.ids import derived_id
 from services.lease_coordinator.domain.lifecycle import LeaseCertainty, RunStatus
 
@@ -259,17 +260,3 @@ def command_event_header(state: RunState, command: Any, kind: str, now_ms: int) 
     return event_header(state, command.command_id, kind, command.correlation_id, command.actor, now_ms)
 
 
-def attempt_id_for(run_id: str, epoch: int) -> str:
-    """Attempt ids name their run, so an API given only an attempt id can route to its run."""
-    return f"att_{run_id.removeprefix('run_')}_{epoch}"
-
-
-def run_id_of_attempt(attempt_id: str) -> str | None:
-    parts = attempt_id.split("_")
-    if len(parts) != 3 or parts[0] != "att" or not parts[2].isdigit():
-        return None
-    return f"run_{parts[1]}"
-
-
-def lease_id_for(run_id: str, epoch: int) -> str:
-    return derived_id("lease", run_id, str(epoch))

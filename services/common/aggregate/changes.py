@@ -1,0 +1,81 @@
+"""What one unit of work (a batch, a timer tick, a restore chunk) changes, and what a batch counts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from services.common.aggregate.definition import BatchContext
+from services.common.kafka import OutboundRecord
+
+__all__ = ["BatchOutcome", "Changes", "Decided"]
+
+S = TypeVar("S")
+E = TypeVar("E")
+
+
+@dataclass
+class BatchOutcome:
+    """Counts of one batch. `deadlettered`: undecodable or misaddressed records; `failed`:
+    commands whose handling raised (dead-lettered AND refused, see services/common/poison.py);
+    `published`: records published after the commit (`published_outputs`); `restored_events`:
+    events folded per partition restored before the batch."""
+
+    commands: int = 0
+    events: int = 0
+    rejections: int = 0
+    deadlettered: int = 0
+    duplicates: int = 0
+    failed: int = 0
+    accepted: int = 0
+    published: int = 0
+    restored_events: dict[int, int] = field(default_factory=dict)
+
+    def by_outcome(self) -> dict[str, int]:
+        return {
+            "accepted": self.accepted,
+            "rejected": self.rejections,
+            "duplicate": self.duplicates,
+            "deadlettered": self.deadlettered,
+            "failed": self.failed,
+        }
+
+
+@dataclass
+class Decided(Generic[S, E]):
+    """One command or timer decided on values only: nothing of the unit changed yet.
+
+    `written`: its records (events, their transaction outputs, or its refusal); `events`: its
+    events with their partition, in order; `after`: the state after them."""
+
+    written: list[OutboundRecord]
+    events: list[tuple[E, int]]
+    after: S | None
+    refused: bool = False
+
+
+@dataclass
+class Changes(Generic[S, E]):
+    """States, refusals, checkpoints and timer skips of one unit, persisted in ONE store write."""
+
+    context: BatchContext[S, Any, E, Any]
+    partition_of: dict[str, int] = field(default_factory=dict)
+    # The state each changed aggregate had before the unit: its index entries are replaced.
+    before: dict[str, S | None] = field(default_factory=dict)
+    after: dict[str, S] = field(default_factory=dict)
+    rejected: set[str] = field(default_factory=set)
+    checkpoints: dict[str, int] = field(default_factory=dict)
+    # aggregateId -> version whose timer work raised (persisted as a timer skip)
+    timer_failures: dict[str, int] = field(default_factory=dict)
+    # what a restore must publish before its checkpoint moves past the events they name
+    published: list[OutboundRecord] = field(default_factory=list)
+
+    def settle(self, partition: int, aggregate_id: str, previous: S | None, state: S) -> None:
+        """Take `state` as the aggregate's new state; `previous` is the one it was decided on."""
+        if aggregate_id not in self.before:
+            self.before[aggregate_id] = previous
+            self.partition_of[aggregate_id] = partition
+        self.after[aggregate_id] = state
+
+    def partition(self, aggregate_id: str, default: int) -> int:
+        return self.partition_of.get(aggregate_id, default)

@@ -1,0 +1,511 @@
+"""The one aggregate runtime: commands in, decisions out, state always equal to the log's fold.
+
+`AggregateProcessor(definition, ...)` runs any aggregate (services/common/aggregate/definition.py);
+the Run (services/lease_coordinator/processor.py) and the Trajectory (services/saga_orchestrator/
+processor.py) are two definitions of it. The commit path of one batch, the crash-safety argument
+of every aggregate (each step can be cut by SIGKILL):
+
+  1. Restore. Before the first command of a partition, fold the events topic and the rejections
+     topic of that partition from the stored checkpoints to their end into the store (states,
+     indexes, refused command ids, context; `published_outputs` of every folded event are
+     published again). The checkpoints move to the end offsets read before folding, past the
+     transaction markers. The transactional writer was initialised before anything is read,
+     which fenced and aborted any half-written transaction of a previous incarnation, so the
+     fold sees exactly what was committed.
+  2. Decide. Every command of the batch is decided against a copy: `decide`, `evolve` of its
+     events, their encoding and `accept` of the batch context run on values only, and the
+     batch's working set changes only when all of that succeeded. A command whose handling
+     raises is set aside (services/common/poison.py): dead-lettered and refused in the batch's
+     transaction, and the batch goes on. A timer tick decides every due timer the same way; a
+     timer whose work raises is dead-lettered and skipped until its aggregate changes.
+  3. One Kafka transaction: the events, the refusals, the dead letters and the transaction
+     outputs of the batch (`transaction_outputs`) land together or not at all. Then the
+     `published_outputs` of its events, naming each event's exact offset, are published
+     (at-least-once: step 1 publishes them again after a crash).
+  4. One RocksDB write: the new states, their index entries (secondary indexes and the timer
+     index), the refused command ids, the context's writes, the timer skips and the
+     checkpoints of the events and rejections topics (their last offsets written + 1).
+  5. Acknowledge. Only when `handle` returns does the stream runtime commit the command offsets.
+     The changed states are then handed to the `on_changed` hook (outside the lock).
+
+A crash before 3 leaves no trace; between 3 and 4 the next restore (step 1) folds the committed
+events and refusals; between 4 and 5 the commands are redelivered and dropped, because their ids
+are in the state (accepted: `decide` answers no events) or in the refused set (rejected or set
+aside): a redelivered command never gets a second, different answer. Anything `handle` or `tick`
+raises is the infrastructure's (the log, the store): the processor forgets what it restored, so
+that a retry restores from the log (the commit may have landed) instead of trusting memory, and
+the stream runtime retries it or ends the process. Batches, ticks and restores never overlap
+(one lock).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Generic, TypeVar
+
+from services.common.aggregate.changes import BatchOutcome, Changes, Decided
+from services.common.aggregate.definition import AggregateDefinition, Refused, Transition
+from services.common.clock import Clock
+from services.common.contracts import CommandRejected
+from services.common.eventlog import EventLog
+from services.common.health import ProcessorMetrics
+from services.common.kafka import InboundRecord, OutboundRecord
+from services.common.messages import MessageCodec, UndecodableRecord, command_or_deadletter
+from services.common.poison import (
+    TIMER_FAILED,
+    ensure_writable,
+    failure_reason,
+    set_aside_command,
+    set_aside_timer,
+)
+from services.common.sequencing import Sequencing, sequence
+from services.common.store import KeyValueStore
+
+__all__ = ["AggregateProcessor"]
+
+S = TypeVar("S")
+C = TypeVar("C")
+E = TypeVar("E")
+X = TypeVar("X")
+
+# A long restore is persisted in chunks: memory stays bounded, and progress survives a crash.
+_RESTORE_FLUSH_EVERY = 1000
+
+
+class AggregateProcessor(Generic[S, C, E, X]):
+    """Runs one aggregate definition over an event log, a store, a codec and a clock."""
+
+    outcome_type: type[BatchOutcome] = BatchOutcome
+
+    def __init__(
+        self,
+        definition: AggregateDefinition[S, C, E, X],
+        event_log: EventLog,
+        store: KeyValueStore,
+        codec: MessageCodec,
+        clock: Clock,
+        *,
+        metrics: ProcessorMetrics | None = None,
+        on_changed: Callable[[Sequence[S]], None] | None = None,
+    ) -> None:
+        self.definition = definition
+        self.metrics = metrics or ProcessorMetrics(definition.name)
+        self._log = event_log
+        self._store = store
+        self._codec = codec
+        self._clock = clock
+        self._on_changed = on_changed
+        self._layout = definition.layout
+        self._assigned: set[int] = set()
+        self._restored: set[int] = set()
+        self._lock = threading.Lock()
+        self.misrouted = 0
+        # aggregateId -> the version whose timer work failed. Read once, then kept in step with
+        # every write (like the refused ids, a store fact).
+        self._failed_timers: dict[str, int] = {}
+        if definition.has_timers:
+            prefix = self._layout.timer_failed_prefix
+            self._failed_timers = {key.removeprefix(prefix): int(raw) for key, raw in store.scan(prefix)}
+
+    # --- assignment and restore (step 1) --------------------------------------------------------
+
+    def forget_assignment(self) -> None:
+        """Partitions were revoked: whoever owned them meanwhile may have written events."""
+        with self._lock:
+            self._assigned.clear()
+            self._restored.clear()
+
+    def restore_partitions(self, partitions: set[int]) -> dict[int, int]:
+        with self._lock:
+            self._assigned |= partitions
+            return {p: self._restore(p) for p in sorted(partitions)}
+
+    def restore(self, partition: int) -> int:
+        with self._lock:
+            return self._restore(partition)
+
+    def restored_partitions(self) -> frozenset[int]:
+        """The partitions whose state is current, for readiness (read without the lock: a batch
+        may hold it for long; copying a set is one step under the GIL)."""
+        return frozenset(self._restored)
+
+    def checkpoint(self, partition: int, topic: str | None = None) -> int:
+        """The next offset of `topic` (default: the events topic) the store has not folded."""
+        raw = self._store.get(self._layout.checkpoint_key(topic or self.definition.events_topic, partition))
+        return int(raw) if raw is not None else 0
+
+    def load(self, aggregate_id: str) -> S | None:
+        raw = self._store.get(self._layout.state_key(aggregate_id))
+        return self.definition.state_codec.decode(raw) if raw is not None else None
+
+    def _restore_missing(self) -> None:
+        for partition in sorted(self._assigned - self._restored):
+            self._restore(partition)
+
+    def _restore(self, partition: int) -> int:
+        """Fold the committed events and refusals of `partition` after the checkpoints.
+
+        Refusals are restored too: a command refused before a crash must stay refused when it is
+        redelivered, even if a later command of the same batch has since changed the aggregate."""
+        d = self.definition
+        started = time.monotonic()
+        applied = 0
+        changes = self._changes()
+        next_offset = self.checkpoint(partition)
+        # Where the log ends before reading: everything below it is read (records) or skipped
+        # (transaction markers), so the checkpoint may move there. Resuming at the last record
+        # + 1 instead would leave its commit marker to be fetched again on every restart.
+        events_end = self._log.end_offset(d.events_topic, partition)
+        rejections_end = self._log.end_offset(d.rejections_topic, partition)
+        for record in self._log.read(d.events_topic, partition, next_offset):
+            next_offset = record.offset + 1
+            event = self._decode_logged(record)
+            if not isinstance(event, d.event_types):
+                continue
+            aggregate_id = d.aggregate_id(event)
+            state = self._state(changes, aggregate_id)
+            current = d.version(state) if state is not None else 0
+            if sequence(aggregate_id, current, d.event_version(event)) is Sequencing.DUPLICATE:
+                continue
+            after = d.evolve(state, event)
+            changes.context.accept(partition, (Transition(state, event, after),))
+            changes.settle(partition, aggregate_id, state, after)
+            changes.published.extend(d.published_outputs(event, partition, record.offset, self._codec))
+            applied += 1
+            if len(changes.after) >= _RESTORE_FLUSH_EVERY:
+                changes.checkpoints[self._layout.checkpoint_key(d.events_topic, partition)] = next_offset
+                self._persist(changes)
+                changes = self._changes()
+        next_rejection = self.checkpoint(partition, d.rejections_topic)
+        for record in self._log.read(d.rejections_topic, partition, next_rejection):
+            next_rejection = record.offset + 1
+            rejection = self._decode_logged(record)
+            if isinstance(rejection, CommandRejected):
+                changes.rejected.add(rejection.causation_id)
+        checkpoint = self._layout.checkpoint_key
+        changes.checkpoints[checkpoint(d.events_topic, partition)] = max(next_offset, events_end)
+        changes.checkpoints[checkpoint(d.rejections_topic, partition)] = max(next_rejection, rejections_end)
+        self._persist(changes)
+        self._restored.add(partition)
+        self.metrics.restored(applied, time.monotonic() - started)
+        if applied or changes.rejected:
+            d.log.info(
+                "restored %s partition %d: %d events and %d refusals folded, checkpoint %d",
+                d.name,
+                partition,
+                applied,
+                len(changes.rejected),
+                next_offset,
+            )
+        return applied
+
+    def _decode_logged(self, record: InboundRecord) -> object:
+        try:
+            return self._codec.decode(record.value)
+        except UndecodableRecord as exc:
+            # Only this processor writes these topics; garbage there is an incident, but one bad
+            # record must not stop every aggregate of the partition from being served.
+            self.definition.log.error(
+                "undecodable record in %s[%d]@%d: %s", record.topic, record.partition, record.offset, exc
+            )
+            return None
+
+    # --- commands (steps 2 to 5) ----------------------------------------------------------------
+
+    def handle(self, records: Sequence[InboundRecord]) -> BatchOutcome:
+        with self._lock:
+            try:
+                outcome, changed = self._handle(records)
+            except BaseException:
+                # The commit may have landed before the failure: restore from the log before
+                # any retry instead of trusting what this process believes it wrote.
+                self._restored.clear()
+                raise
+        if changed:
+            self._notify(changed)
+        return outcome
+
+    def _notify(self, states: Sequence[S]) -> None:
+        if self._on_changed is not None:
+            self._on_changed(states)
+
+    def _handle(self, records: Sequence[InboundRecord]) -> tuple[BatchOutcome, list[S]]:
+        d = self.definition
+        outcome = self.outcome_type()
+        for partition in sorted({r.partition for r in records} - self._restored):
+            outcome.restored_events[partition] = self._restore(partition)
+        now = self._clock.now_ms()
+        changes = self._changes()
+        out: list[OutboundRecord] = []
+        events: list[tuple[E, int]] = []
+        for record in records:
+            outcome.commands += 1
+            command = self._command_of(record, out)
+            if command is None:
+                outcome.deadlettered += 1
+                continue
+            command_id = d.command_id(command)
+            if command_id in changes.rejected or self._store.get(self._layout.rejected_key(command_id)):
+                outcome.duplicates += 1  # refused once, refused for good: the caller has its answer
+                continue
+            # Reads of the store stay outside the guard: their failure is the infrastructure's.
+            aggregate_id = d.aggregate_id(command)
+            state = self._state(changes, aggregate_id)
+            context = changes.context.decide_context(command, state)
+            partition = changes.partition(aggregate_id, record.partition)
+            try:
+                decided = self._decide_one(record, command, state, now, context, partition, changes)
+            except Exception as exc:
+                out += self._set_aside(record, command, state, exc, now)
+                changes.rejected.add(command_id)
+                outcome.failed += 1
+                continue
+            out.extend(decided.written)
+            if decided.refused:
+                changes.rejected.add(command_id)
+                outcome.rejections += 1
+            elif not decided.events or decided.after is None:
+                outcome.duplicates += 1  # decided before: nothing new happens
+            else:
+                changes.settle(partition, aggregate_id, state, decided.after)
+                events.extend(decided.events)
+                outcome.events += len(decided.events)
+                outcome.accepted += 1
+        outcome.published = self._commit(out, events, changes)
+        self.metrics.batch(outcome.by_outcome(), outcome.events)
+        return outcome, list(changes.after.values())
+
+    def _decide_one(
+        self,
+        record: InboundRecord,
+        command: C,
+        state: S | None,
+        now: int,
+        context: X,
+        partition: int,
+        changes: Changes[S, E],
+    ) -> Decided[S, E]:
+        """One command on values only: nothing of the batch changes until this returns, so a
+        command that raises leaves no trace."""
+        d = self.definition
+        decision = d.decide(state, command, now, context)
+        if isinstance(decision, Refused):
+            key = d.aggregate_id(command)
+            written = [self._codec.outbound(d.rejections_topic, key, decision.record, record.partition)]
+            ensure_writable(written)
+            return Decided(written, [], state, refused=True)
+        return self._evolve(d.aggregate_id(command), partition, state, decision, changes)
+
+    def _evolve(
+        self, aggregate_id: str, partition: int, state: S | None, events: Sequence[E], changes: Changes[S, E]
+    ) -> Decided[S, E]:
+        """Apply and encode the events one command or timer decided; the context accepts them
+        last, once nothing else can raise."""
+        d = self.definition
+        applied: list[Transition[S, E]] = []
+        written: list[OutboundRecord] = []
+        after = state
+        for event in events:
+            if d.aggregate_id(event) != aggregate_id:
+                raise ValueError(f"{aggregate_id} decided an event of {d.aggregate_id(event)}")
+            before, after = after, d.evolve(after, event)
+            applied.append(Transition(before, event, after))
+            written.append(self._codec.outbound(d.events_topic, aggregate_id, event, partition))
+            written.extend(d.transaction_outputs(event, self._codec))
+        ensure_writable(written)
+        if applied:
+            changes.context.accept(partition, applied)
+        return Decided(written, [(t.event, partition) for t in applied], after)
+
+    def _set_aside(
+        self, record: InboundRecord, command: C, state: S | None, exc: Exception, now: int
+    ) -> list[OutboundRecord]:
+        """The dead letter and refusal of a command whose handling raised; the batch goes on."""
+        d = self.definition
+        self.metrics.deadlettered(failure_reason(exc))
+        return set_aside_command(
+            self._codec,
+            record,
+            command,
+            exc,
+            now,
+            processor=d.processor_name,
+            deadletter_topic=d.deadletter_topic,
+            rejections_topic=d.rejections_topic,
+            current_status=d.status(state) if state is not None else None,
+            current_version=d.version(state) if state is not None else 0,
+            log=d.log,
+        )
+
+    def _command_of(self, record: InboundRecord, out: list[OutboundRecord]) -> C | None:
+        d = self.definition
+        command: C | None = command_or_deadletter(
+            self._codec,
+            record,
+            d.command_types,
+            d.command_kind,
+            out,
+            d.deadletter_topic,
+            d.log,
+            self.metrics.deadlettered,
+        )
+        if command is not None:
+            self._check_route(record, d.aggregate_id(command))
+        return command
+
+    def _check_route(self, record: InboundRecord, aggregate_id: str) -> None:
+        # An aggregate's commands must all reach the partition its id routes to (services.
+        # common.routing); otherwise two processors could own one tenant's load. Counted and
+        # logged rather than refused, so a misconfigured producer degrades admission, not runs.
+        try:
+            expected = self.definition.expected_partition(aggregate_id)
+            if expected is None:
+                return
+        except ValueError:
+            expected = None
+        if expected != record.partition:
+            self.misrouted += 1
+            if self.misrouted in (1, 10, 100) or self.misrouted % 1000 == 0:
+                self.definition.log.warning(
+                    "%d command(s) arrived on a partition their aggregate does not route to (last: %s on %d)",
+                    self.misrouted,
+                    aggregate_id,
+                    record.partition,
+                )
+
+    # --- timers ---------------------------------------------------------------------------------
+
+    def tick(self) -> int:
+        """Decide every due timer of the owned partitions; the number of events written."""
+        with self._lock:
+            try:
+                self._restore_missing()
+                return self._tick(self._clock.now_ms()) if self.definition.has_timers else 0
+            except BaseException:
+                self._restored.clear()
+                raise
+
+    def _tick(self, now: int) -> int:
+        d, layout = self.definition, self._layout
+        changes = self._changes()
+        out: list[OutboundRecord] = []
+        events: list[tuple[E, int]] = []
+        for partition in sorted(self._restored):
+            for key, _ in self._store.scan(layout.timers_of(partition)):
+                due, aggregate_id = layout.parse_timer_key(key)
+                if due > now:
+                    break
+                state = self._state(changes, aggregate_id)
+                if state is None or self._failed_timers.get(aggregate_id) == d.version(state):
+                    continue  # gone, or its timer work failed at this very version: wait for a change
+                try:
+                    decided = self._evolve(
+                        aggregate_id, partition, state, d.decide_timers(state, now), changes
+                    )
+                except Exception as exc:
+                    out.append(self._set_timer_aside(partition, aggregate_id, state, due, exc))
+                    changes.timer_failures[aggregate_id] = d.version(state)
+                    continue
+                if decided.events and decided.after is not None:
+                    changes.settle(partition, aggregate_id, state, decided.after)
+                    out.extend(decided.written)
+                    events.extend(decided.events)
+        if out:
+            self._commit(out, events, changes)
+        return len(events)
+
+    def _set_timer_aside(
+        self, partition: int, aggregate_id: str, state: S, due: int, exc: Exception
+    ) -> OutboundRecord:
+        d = self.definition
+        self.metrics.deadlettered(TIMER_FAILED)
+        return set_aside_timer(
+            partition,
+            aggregate_id,
+            d.version(state),
+            due,
+            exc,
+            processor=d.processor_name,
+            deadletter_topic=d.deadletter_topic,
+            events_topic=d.events_topic,
+            log=d.log,
+        )
+
+    # --- the transaction and the store write (steps 3 and 4) ------------------------------------
+
+    def _changes(self) -> Changes[S, E]:
+        return Changes(self.definition.begin(self._store))
+
+    def _state(self, changes: Changes[S, E], aggregate_id: str) -> S | None:
+        if aggregate_id in changes.after:
+            return changes.after[aggregate_id]
+        return self.load(aggregate_id)
+
+    def _commit(self, out: list[OutboundRecord], events: list[tuple[E, int]], changes: Changes[S, E]) -> int:
+        """Step 3 then step 4; the number of records published after the commit."""
+        d = self.definition
+        started = time.monotonic()
+        written = self._log.commit(out)
+        if out:
+            self.metrics.transaction(time.monotonic() - started)
+        changes.published.extend(self._published_after(events, written))
+        for (topic, partition), offset in written.items():
+            if topic in (d.events_topic, d.rejections_topic):
+                changes.checkpoints[self._layout.checkpoint_key(topic, partition)] = offset + 1
+        published = len(changes.published)
+        self._persist(changes)
+        return published
+
+    def _published_after(
+        self, events: list[tuple[E, int]], written: Mapping[tuple[str, int], int]
+    ) -> Iterable[OutboundRecord]:
+        # One writer per partition and one transaction per batch: the events of a partition got
+        # consecutive offsets ending at the last one written, so each event's offset is exact.
+        topic = self.definition.events_topic
+        later = Counter(partition for _, partition in events)
+        for event, partition in events:
+            later[partition] -= 1
+            offset = written[(topic, partition)] - later[partition]
+            yield from self.definition.published_outputs(event, partition, offset, self._codec)
+
+    def _persist(self, changes: Changes[S, E]) -> None:
+        """Publish what must precede the checkpoints, then states, index entries, refused ids,
+        the context's writes, timer skips and checkpoints: one write."""
+        if changes.published:
+            self._log.commit(changes.published)
+        d, layout = self.definition, self._layout
+        puts = {layout.state_key(i): d.state_codec.encode(s) for i, s in changes.after.items()}
+        deletes: list[str] = []
+        for aggregate_id, after in changes.after.items():
+            partition = changes.partition_of[aggregate_id]
+            old = self._index_entries(partition, aggregate_id, changes.before[aggregate_id])
+            new = self._index_entries(partition, aggregate_id, after)
+            deletes.extend(key for key in old if key not in new)
+            puts.update({key: value for key, value in new.items() if old.get(key) != value})
+        context_puts, context_deletes = changes.context.writes()
+        puts.update(context_puts)
+        deletes.extend(context_deletes)
+        puts.update({key: str(offset).encode() for key, offset in changes.checkpoints.items()})
+        puts.update({layout.rejected_key(command_id): b"1" for command_id in changes.rejected})
+        failures = changes.timer_failures
+        puts.update({layout.timer_failed_key(i): str(v).encode() for i, v in failures.items()})
+        # An aggregate that changed gets its timer tried again: its skip marker goes.
+        cleared = [i for i in changes.after if i in self._failed_timers and i not in failures]
+        deletes.extend(layout.timer_failed_key(i) for i in cleared)
+        if puts or deletes:
+            self._store.write(puts, tuple(key for key in deletes if key not in puts))
+        for aggregate_id in cleared:
+            self._failed_timers.pop(aggregate_id, None)
+        self._failed_timers.update(failures)
+        changes.context.committed()
+
+    def _index_entries(self, partition: int, aggregate_id: str, state: S | None) -> dict[str, bytes]:
+        entries = dict(self.definition.index_entries(partition, aggregate_id, state))
+        if self.definition.has_timers:
+            due = self.definition.next_timer_at(state)
+            if due is not None:
+                entries[self._layout.timer_key(partition, due, aggregate_id)] = b""
+        return entries

@@ -1,0 +1,92 @@
+"""The effect gateway's real protocol and HTTP front, without Kafka, for unit tests.
+
+`OfflineGateway` is the real `Gateway` (its `perform`, `verify`, fencing and authorization)
+with the Kafka parts cut off: runs.events are folded by hand (`fold`), and every command it
+would publish is kept in `sent` and answered by `decide` (Decided by default). The tool is an
+`httpx.MockTransport` that records what it was sent.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from services.common.auth import Principal, parse_api_keys
+from services.common.clock import SystemClock
+from services.common.contracts import RecordEffectIntent, RecordEffectOutcome, RunEvent
+from services.common.decisions import Decided, Decision
+from services.common.messages import MessageCodec
+from services.effect_gateway.app import create_app
+from services.effect_gateway.fencing import fold_fencing
+from services.effect_gateway.service import Gateway
+from services.effect_gateway.tools import ToolRegistry
+
+Command = RecordEffectIntent | RecordEffectOutcome
+
+
+class RecordingTool:
+    """A tool that applies every effect and remembers every request it was sent."""
+
+    def __init__(self) -> None:
+        self.requests: list[httpx.Request] = []
+        self.applied: dict[str, dict[str, Any]] = {}
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        if request.method == "POST" and request.url.path == "/effects":
+            key = request.headers["Idempotency-Key"]
+            self.applied[key] = {"output": {"ok": True, "key": key}}
+            return httpx.Response(200, json=self.applied[key])
+        if request.method == "GET" and request.url.path.startswith("/effects/"):
+            return httpx.Response(404, json={"type": "/problems/effect-not-found"})
+        if request.method == "POST" and request.url.path.startswith("/verifiers/"):
+            return httpx.Response(200, json={"ok": True, "detail": "verified"})
+        return httpx.Response(404, json={})
+
+
+class OfflineGateway(Gateway):
+    def __init__(self, tool: RecordingTool | None = None, *, caught_up: bool = True) -> None:
+        # Deliberately not Gateway.__init__: that opens Kafka clients.
+        self.tool = tool or RecordingTool()
+        self._codec = MessageCodec()
+        self._clock = SystemClock()
+        self._tools = ToolRegistry({"ledger": "http://ledger.test"}, transport=httpx.MockTransport(self.tool))
+        self._timeout = 1.0
+        self._views = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._caught_up = threading.Event()
+        if caught_up:
+            self._caught_up.set()
+        self.sent: list[Command] = []
+        self.decide: Callable[[Command], Decision | None] = Decided
+
+    def fold(self, *events: RunEvent) -> OfflineGateway:
+        with self._lock:
+            for event in events:
+                self._views[event.run_id] = fold_fencing(self._views.get(event.run_id), event)
+        return self
+
+    def catch_up(self) -> None:
+        self._caught_up.set()
+
+    async def _send(self, command: Command) -> Any:
+        self.sent.append(command)
+        return self.decide(command)
+
+    def readiness(self) -> dict[str, dict[str, Any]]:
+        return {
+            "caughtUp": {"ok": self._caught_up.is_set(), "detail": "folded by hand"},
+            "kafka": {"ok": True, "detail": "no Kafka here"},
+        }
+
+    async def close(self) -> None:
+        await self._tools.close()
+
+
+def gateway_app(gateway: OfflineGateway, api_keys: str | dict[str, Principal] = "") -> Any:
+    keys = parse_api_keys(api_keys) if isinstance(api_keys, str) else api_keys
+    return create_app(lambda: gateway, api_keys=keys, max_body_bytes=64 * 1024)
