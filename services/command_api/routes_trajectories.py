@@ -57,6 +57,7 @@ from services.common.contracts import (
     ResolveIncident,
     StartTrajectory,
     StepIntentRecorded,
+    TrajectoryRejectionCode,
 )
 from services.common.contracts.ids import run_id_of_attempt
 from services.common.decisions import Rejected
@@ -284,7 +285,7 @@ async def _current_lease(
             f"attempt {attempt_id} at epoch {epoch} no longer holds run {run_id}: lease "
             f"{lease.get('leaseId')} at epoch {current} does",
             runId=run_id,
-            code="STALE_EPOCH",
+            code=TrajectoryRejectionCode.STALE_EPOCH,
         )
     certainty = lease.get("certainty")
     if certainty not in ("active", "at_risk"):

@@ -46,7 +46,6 @@ from services.common.contracts import (
 )
 from services.common.eventlog import EventLog
 from services.common.health import ProcessorMetrics
-from services.common.ids import derived_id
 from services.common.kafka import OutboundRecord
 from services.common.messages import MessageCodec
 from services.common.store import KeyValueStore
@@ -169,18 +168,9 @@ class TrajectoryDefinition(
 
     def _refusal(self, command: TrajectoryCommand, rejection: Rejection, now_ms: int) -> CommandRejected:
         state = rejection.state
-        return CommandRejected(
-            event_id=derived_id("rej", command.command_id),
-            run_id=command.run_id,
-            occurred_at=now_ms,
-            causation_id=command.command_id,
-            correlation_id=command.correlation_id,
-            actor=command.actor,
-            command_type=type(command).__name__,
-            code=rejection.code,
-            detail=rejection.detail,
-            current_status=state.status.value if state is not None else None,
-            current_version=state.version if state is not None else 0,
+        status = state.status.value if state is not None else None
+        return CommandRejected.of(
+            command, rejection.code.value, rejection.detail, status, state.version if state else 0, now_ms
         )
 
     def evolve(self, state: TrajectoryState | None, event: TrajectoryEvent) -> TrajectoryState:

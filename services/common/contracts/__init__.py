@@ -37,6 +37,7 @@ from services.common.contracts.lifecycle import (
     RunInterrupted,
     RunRetried,
 )
+from services.common.contracts.rejections import RejectionCode, TrajectoryRejectionCode
 from services.common.contracts.runs import (
     COMMAND_TYPES,
     EVENT_TYPES,
@@ -131,6 +132,7 @@ __all__ = [
     "RecordPivotGate",
     "RecordStepOutcome",
     "RecoveryDecided",
+    "RejectionCode",
     "RenewLease",
     "ReportAttempt",
     "RequestInput",
@@ -157,6 +159,7 @@ __all__ = [
     "TrajectoryCompleted",
     "TrajectoryEvent",
     "TrajectoryFrozen",
+    "TrajectoryRejectionCode",
     "TrajectoryRolledBack",
     "TrajectoryStarted",
     "UploadGrantIssued",

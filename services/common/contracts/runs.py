@@ -89,6 +89,7 @@ from services.common.contracts.trajectories import (
     TrajectoryRolledBack,
     TrajectoryStarted,
 )
+from services.common.ids import derived_id
 
 __all__ = [
     "COMMAND_TYPES",
@@ -167,6 +168,26 @@ class CommandRejected:
     detail: str
     current_status: str | None
     current_version: int
+
+    @classmethod
+    def of(
+        cls, command: Any, code: str, detail: str, status: str | None, version: int, now_ms: int
+    ) -> CommandRejected:
+        """The refusal of `command` (any aggregate's), addressed to whoever sent it; its id is
+        derived from the command, so re-deciding the command gives the same record."""
+        return cls(
+            event_id=derived_id("rej", command.command_id),
+            run_id=command.run_id,
+            occurred_at=now_ms,
+            causation_id=command.command_id,
+            correlation_id=command.correlation_id,
+            actor=command.actor,
+            command_type=type(command).__name__,
+            code=code,
+            detail=detail,
+            current_status=status,
+            current_version=version,
+        )
 
 
 # --- unions ---------------------------------------------------------------------------------

@@ -266,18 +266,9 @@ def rejection_event(
     state: RunState | None, command: RunCommand, rejection: Rejection, now_ms: int
 ) -> CommandRejected:
     """The fact that a command was refused, addressed to whoever sent it."""
-    return CommandRejected(
-        event_id=derived_id("rej", command.command_id),
-        run_id=command.run_id,
-        occurred_at=now_ms,
-        causation_id=command.command_id,
-        correlation_id=command.correlation_id,
-        actor=command.actor,
-        command_type=type(command).__name__,
-        code=rejection.code.value,
-        detail=rejection.detail,
-        current_status=state.status.value if state is not None else None,
-        current_version=state.version if state is not None else 0,
+    status = state.status.value if state is not None else None
+    return CommandRejected.of(
+        command, rejection.code.value, rejection.detail, status, state.version if state else 0, now_ms
     )
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Mapping, Union
 
-from services.common.contracts import RunEvent
+from services.common.contracts import RejectionCode, RunEvent
 from services.common.contracts.ids import attempt_id_for, lease_id_for, run_id_of_attempt
 from services.common.ids import derived_id
 from services.lease_coordinator.domain.lifecycle import LeaseCertainty, RunStatus
@@ -38,35 +38,6 @@ COORDINATOR_ACTOR = "tenure-coordinator"
 # Redelivery after a crash only ever repeats the last batch, so a short window of recent command
 # ids is enough to drop repeats; renewals are deduplicated by their sequence instead.
 RECENT_COMMANDS_KEPT = 64
-
-
-class RejectionCode(StrEnum):
-    INVALID_COMMAND = "INVALID_COMMAND"
-    RUN_ID_MISMATCH = "RUN_ID_MISMATCH"
-    IDEMPOTENCY_KEY_CONFLICT = "IDEMPOTENCY_KEY_CONFLICT"
-    RUN_NOT_FOUND = "RUN_NOT_FOUND"
-    RUN_ALREADY_TERMINAL = "RUN_ALREADY_TERMINAL"
-    INVALID_TRANSITION = "INVALID_TRANSITION"
-    RUN_NOT_CLAIMABLE = "RUN_NOT_CLAIMABLE"
-    ATTEMPTS_EXHAUSTED = "ATTEMPTS_EXHAUSTED"
-    UNKNOWN_ATTEMPT = "UNKNOWN_ATTEMPT"
-    STALE_EPOCH = "STALE_EPOCH"
-    LEASE_EXPIRED = "LEASE_EXPIRED"
-    LEASE_REVOKED = "LEASE_REVOKED"
-    LEASE_RELEASED = "LEASE_RELEASED"
-    DUPLICATE_SEQUENCE = "DUPLICATE_SEQUENCE"
-    SEQUENCE_NOT_INCREASING = "SEQUENCE_NOT_INCREASING"
-    TAKEOVER_NOT_POSSIBLE = "TAKEOVER_NOT_POSSIBLE"
-    DUPLICATE_EFFECT = "DUPLICATE_EFFECT"
-    UNKNOWN_EFFECT = "UNKNOWN_EFFECT"
-    RETRY_NEEDS_ACKNOWLEDGEMENT = "RETRY_NEEDS_ACKNOWLEDGEMENT"
-    CAPABILITY_MISSING = "CAPABILITY_MISSING"
-    ADMISSION_QUEUE_FULL = "ADMISSION_QUEUE_FULL"
-    PRINCIPAL_BLOCKED = "PRINCIPAL_BLOCKED"
-    TENANT_BLOCKED = "TENANT_BLOCKED"
-    ADMISSION_ACTIVE_FULL = "ADMISSION_ACTIVE_FULL"
-    INPUT_EXPIRED = "INPUT_EXPIRED"
-    CANCEL_ALREADY_REQUESTED = "CANCEL_ALREADY_REQUESTED"
 
 
 @dataclass(frozen=True)

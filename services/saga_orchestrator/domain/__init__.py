@@ -4,6 +4,7 @@ No I/O and no clock reads anywhere below: time, statistics and the tool catalog 
 values (SagaContext), and `decide`/`evolve` are total functions of them.
 """
 
+from services.saga_orchestrator.domain.codes import BY_STATUS, TrajectoryRejectionCode, code_for_status
 from services.saga_orchestrator.domain.decide import Decision, decide
 from services.saga_orchestrator.domain.emitter import Rejection, SagaContext
 from services.saga_orchestrator.domain.evolve import evolve, fold
@@ -55,6 +56,7 @@ from services.saga_orchestrator.domain.work import (
 )
 
 __all__ = [
+    "BY_STATUS",
     "STEP_TRANSITIONS",
     "TRAJECTORY_TRANSITIONS",
     "Budget",
@@ -85,11 +87,13 @@ __all__ = [
     "StepStatus",
     "ToolCatalog",
     "ToolSpec",
+    "TrajectoryRejectionCode",
     "TrajectoryState",
     "TrajectoryStatus",
     "Work",
     "break_even",
     "classify",
+    "code_for_status",
     "compensation_key",
     "compile_plan",
     "decide",

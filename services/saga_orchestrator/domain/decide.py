@@ -37,6 +37,7 @@ from services.common.contracts import (
     TrajectoryStarted,
 )
 from services.common.ids import canonical_json
+from services.saga_orchestrator.domain.codes import TrajectoryRejectionCode, code_for_status
 from services.saga_orchestrator.domain.emitter import Emitter, Rejection, SagaContext
 from services.saga_orchestrator.domain.lifecycle import StepStatus, TrajectoryStatus
 from services.saga_orchestrator.domain.plan import PlanRejected, PlanStep, compile_plan
@@ -54,6 +55,7 @@ from services.saga_orchestrator.domain.tools import validate_parameters
 __all__ = ["Decision", "decide"]
 
 Decision = tuple[TrajectoryEvent, ...] | Rejection
+C = TrajectoryRejectionCode
 S = StepStatus
 T = TrajectoryStatus
 _ACTIVE = (T.FORWARD, T.POST_PIVOT, T.AWAITING_REPAIR, T.AWAITING_APPROVAL)
@@ -65,18 +67,18 @@ def decide(
     if state is None:
         if isinstance(command, StartTrajectory):
             return _start(command, now_ms, context)
-        return Rejection("TRAJECTORY_NOT_FOUND", f"run {command.run_id} has no trajectory; start one first")
+        return Rejection(C.TRAJECTORY_NOT_FOUND, f"run {command.run_id} has no trajectory; start one first")
     if command.command_id in state.causes:
         return ()  # a redelivered command: already decided, nothing new
     if isinstance(command, StartTrajectory):
-        return Rejection("TRAJECTORY_EXISTS", f"run {command.run_id} already has a trajectory")
+        return Rejection(C.TRAJECTORY_EXISTS, f"run {command.run_id} already has a trajectory")
     if state.status.is_terminal:
         return Rejection(
-            "TRAJECTORY_ENDED", f"the trajectory of run {state.run_id} ended {state.status.value}", state
+            C.TRAJECTORY_ENDED, f"the trajectory of run {state.run_id} ended {state.status.value}", state
         )
     handler = _HANDLERS.get(type(command))
     if handler is None:
-        return Rejection("INVALID_COMMAND", f"{type(command).__name__} is not a trajectory command")
+        return Rejection(C.INVALID_COMMAND, f"{type(command).__name__} is not a trajectory command")
     emitter = Emitter(state, command, now_ms, context)
     refusal = handler(emitter, command)
     return refusal if refusal is not None else tuple(emitter.events)
@@ -87,17 +89,17 @@ def decide(
 
 def _start(command: StartTrajectory, now_ms: int, context: SagaContext) -> Decision:
     if command.pivot_approval not in ("none", "human"):
-        return Rejection("INVALID_COMMAND", 'pivotApproval must be "none" or "human"')
+        return Rejection(C.INVALID_COMMAND, 'pivotApproval must be "none" or "human"')
     if min(command.budget_tokens, command.budget_steps) < 0 or command.budget_money < 0:
-        return Rejection("INVALID_COMMAND", "budgets must not be negative")
+        return Rejection(C.INVALID_COMMAND, "budgets must not be negative")
     compiled = ""
     if command.plan:
         try:
             compiled = _compile(command.plan, context)
         except PlanRejected as exc:
-            return Rejection("PLAN_REJECTED", f"{exc.code}: {exc}")
+            return Rejection(C.PLAN_REJECTED, f"{exc.code}: {exc}")
         except ValueError as exc:
-            return Rejection("PLAN_REJECTED", f"INVALID_PLAN: {exc}")
+            return Rejection(C.PLAN_REJECTED, f"INVALID_PLAN: {exc}")
     emitter = Emitter(None, command, now_ms, context)
     emitter.emit(
         TrajectoryStarted,
@@ -154,7 +156,7 @@ def _fenced(em: Emitter, attempt_id: str, epoch: int) -> Rejection | None:
     state = em.state
     if epoch < state.epoch or (epoch == state.epoch and attempt_id != state.attempt_id):
         return Rejection(
-            "STALE_EPOCH",
+            C.STALE_EPOCH,
             f"attempt {attempt_id} at epoch {epoch} no longer holds run {state.run_id} (epoch {state.epoch})",
             state,
         )
@@ -167,57 +169,57 @@ def _propose(em: Emitter, command: ProposeStep) -> Rejection | None:
         return stale
     if state.status not in (T.FORWARD, T.POST_PIVOT, T.AWAITING_REPAIR):
         return Rejection(
-            f"TRAJECTORY_{state.status.name}",
+            code_for_status(state.status),
             f"the trajectory is {state.status.value}; no step may be proposed now",
             state,
         )
     if (open_step := state.open_step) is not None:
-        return Rejection("STEP_IN_FLIGHT", f"step {open_step.index} is still {open_step.status.value}", state)
+        return Rejection(C.STEP_IN_FLIGHT, f"step {open_step.index} is still {open_step.status.value}", state)
     try:
         spec = em.context.catalog.get(command.tool)
     except KeyError as exc:
-        return Rejection("UNKNOWN_TOOL", str(exc), state)
+        return Rejection(C.UNKNOWN_TOOL, str(exc), state)
     try:
         params = json.loads(command.params)
     except ValueError as exc:
-        return Rejection("INVALID_PARAMETERS", f"params is not JSON: {exc}", state)
+        return Rejection(C.INVALID_PARAMETERS, f"params is not JSON: {exc}", state)
     if not isinstance(params, dict):
-        return Rejection("INVALID_PARAMETERS", "params must be a JSON object", state)
+        return Rejection(C.INVALID_PARAMETERS, "params must be a JSON object", state)
     problems = validate_parameters(spec, params)
     if problems:
-        return Rejection("INVALID_PARAMETERS", f"{command.tool}: " + "; ".join(problems), state)
+        return Rejection(C.INVALID_PARAMETERS, f"{command.tool}: " + "; ".join(problems), state)
     if state.budget_steps < 1:
-        return Rejection("BUDGET_EXHAUSTED", "the trajectory has no steps left in its budget (REC-3)", state)
+        return Rejection(C.BUDGET_EXHAUSTED, "the trajectory has no steps left in its budget (REC-3)", state)
     if command.repair_of >= 0:
         failed = state.step(command.repair_of)
         if state.status is not T.AWAITING_REPAIR or failed is None or failed.status is not S.FAILED:
             return Rejection(
-                "NOT_AWAITING_REPAIR", f"step {command.repair_of} is not awaiting a repair", state
+                C.NOT_AWAITING_REPAIR, f"step {command.repair_of} is not awaiting a repair", state
             )
         if failed.index in state.stack:
             return Rejection(
-                "PARTIAL_EFFECTS",
+                C.PARTIAL_EFFECTS,
                 f"step {failed.index} left effects that must be compensated first; it cannot be repaired "
                 "in place (SAGA-3)",
                 state,
             )
         if failed.tool != command.tool:
             return Rejection(
-                "REPAIR_TOOL_MISMATCH", f"a repair of step {failed.index} must use {failed.tool}", state
+                C.REPAIR_TOOL_MISMATCH, f"a repair of step {failed.index} must use {failed.tool}", state
             )
         index, dispatch, plan_step_id = failed.index, failed.dispatch + 1, failed.plan_step_id
     else:
         if state.status is T.AWAITING_REPAIR:
             failed_index = next(s.index for s in reversed(state.steps) if s.status is S.FAILED)
             return Rejection(
-                "REPAIR_EXPECTED",
+                C.REPAIR_EXPECTED,
                 f"step {failed_index} failed and awaits a repair (repairOf={failed_index}) or an abort",
                 state,
             )
         if spec.is_pivot and state.pivot_step >= 0:
             pivot = state.steps[state.pivot_step]
             return Rejection(
-                "TWO_PIVOTS",
+                C.TWO_PIVOTS,
                 f"at most one pivot per trajectory (SAGA-6): step {pivot.index} ({pivot.tool}) is the pivot; "
                 f"{command.tool} is irreversible too. Declare both in a plan so an outbound message can be "
                 "staged in the outbox and released with the pivot",
@@ -225,7 +227,7 @@ def _propose(em: Emitter, command: ProposeStep) -> Rejection | None:
             )
         if state.pivot_committed and not spec.idempotent:
             return Rejection(
-                "NOT_RETRYABLE_AFTER_PIVOT",
+                C.NOT_RETRYABLE_AFTER_PIVOT,
                 f"after the pivot every step must be idempotent (SAGA-6); {command.tool} is not",
                 state,
             )
@@ -240,7 +242,7 @@ def _propose(em: Emitter, command: ProposeStep) -> Rejection | None:
                 want = (
                     f"{expected['stepId']} ({expected['tool']})" if expected else "nothing (the plan is done)"
                 )
-                return Rejection("PLAN_MISMATCH", f"the compiled plan expects {want} next", state)
+                return Rejection(C.PLAN_MISMATCH, f"the compiled plan expects {want} next", state)
             plan_step_id = str(expected["stepId"])
         index, dispatch = len(state.steps), 1
     em.emit(
@@ -271,7 +273,7 @@ def _adopt(em: Emitter, command: AdoptLease) -> Rejection | None:
     state = em.state
     if state.status is T.FROZEN:
         return Rejection(
-            "TRAJECTORY_FROZEN", "a frozen trajectory resumes through ResolveIncident (REC-7)", state
+            C.TRAJECTORY_FROZEN, "a frozen trajectory resumes through ResolveIncident (REC-7)", state
         )
     if command.lease_epoch < state.epoch:
         return _fenced(em, command.attempt_id, command.lease_epoch)
@@ -294,9 +296,9 @@ def _finish(em: Emitter, command: FinishTrajectory) -> Rejection | None:
     if (stale := _fenced(em, command.attempt_id, command.lease_epoch)) is not None:
         return stale
     if state.status not in (T.FORWARD, T.POST_PIVOT) or state.open_step is not None:
-        return Rejection("TRAJECTORY_BUSY", f"the trajectory is {state.status.value} with work open", state)
+        return Rejection(C.TRAJECTORY_BUSY, f"the trajectory is {state.status.value} with work open", state)
     if state.plan and (remaining := state.next_plan_step()) is not None:
-        return Rejection("PLAN_INCOMPLETE", f"plan step {remaining['stepId']} has not run", state)
+        return Rejection(C.PLAN_INCOMPLETE, f"plan step {remaining['stepId']} has not run", state)
     em.emit(TrajectoryCompleted, steps=len(state.steps))
     return None
 
@@ -307,13 +309,13 @@ def _abort(em: Emitter, command: AbortTrajectory) -> Rejection | None:
         return stale
     if state.pivot_committed:
         return Rejection(
-            "PIVOT_COMMITTED", "the pivot committed: nothing is rolled back after it (SAGA-6)", state
+            C.PIVOT_COMMITTED, "the pivot committed: nothing is rolled back after it (SAGA-6)", state
         )
     if state.status not in _ACTIVE:
-        return Rejection(f"TRAJECTORY_{state.status.name}", f"the trajectory is {state.status.value}", state)
+        return Rejection(code_for_status(state.status), f"the trajectory is {state.status.value}", state)
     open_step = state.open_step
     if open_step is not None and open_step.status is not S.AWAITING_GATE:
-        return Rejection("STEP_IN_FLIGHT", f"step {open_step.index} is {open_step.status.value}", state)
+        return Rejection(C.STEP_IN_FLIGHT, f"step {open_step.index} is {open_step.status.value}", state)
     abort(em, command.reason)
     return None
 
@@ -325,7 +327,7 @@ def _outcome(em: Emitter, command: RecordStepOutcome) -> Rejection | None:
     state = em.state
     step = state.step(command.step_index)
     if step is None:
-        return Rejection("UNKNOWN_STEP", f"no step {command.step_index}", state)
+        return Rejection(C.UNKNOWN_STEP, f"no step {command.step_index}", state)
     if step.dispatch != command.dispatch or step.status not in (S.PENDING, S.PREPARING, S.DISPATCHED):
         return None  # a late or repeated report of a dispatch already settled
     if 0 < command.lease_epoch < state.epoch:
@@ -348,7 +350,7 @@ def _outcome(em: Emitter, command: RecordStepOutcome) -> Rejection | None:
     elif command.outcome == "failed":
         handle_failure(em, step, command)
     else:
-        return Rejection("INVALID_COMMAND", "outcome must be committed, failed or unknown", state)
+        return Rejection(C.INVALID_COMMAND, "outcome must be committed, failed or unknown", state)
     return None
 
 
@@ -362,7 +364,7 @@ def _gate(em: Emitter, command: RecordPivotGate) -> Rejection | None:
     try:
         checks = json.loads(command.checks)
     except ValueError:
-        return Rejection("INVALID_COMMAND", "checks must be a JSON list", state)
+        return Rejection(C.INVALID_COMMAND, "checks must be a JSON list", state)
     failed = [c for c in checks if not c.get("passed")]
     if failed:
         detail = "; ".join(f"{c.get('name')}: {c.get('detail', '')}" for c in failed)
@@ -388,13 +390,13 @@ def _approve(em: Emitter, command: ApprovePivot) -> Rejection | None:
     pending = step is not None and step.index == state.pivot_step and step.status is S.AWAITING_GATE
     if not pending or state.status not in (T.FORWARD, T.AWAITING_APPROVAL):
         return Rejection(
-            "NO_PIVOT_PENDING",
+            C.NO_PIVOT_PENDING,
             f"step {command.step_index} is not a pivot awaiting its gate (trajectory {state.status.value})",
             state,
         )
     assert step is not None
     if command.decision not in ("approve", "refuse"):
-        return Rejection("INVALID_COMMAND", "decision must be approve or refuse", state)
+        return Rejection(C.INVALID_COMMAND, "decision must be approve or refuse", state)
     em.emit(
         PivotApproved,
         step_index=step.index,
@@ -477,15 +479,15 @@ def _resolve(em: Emitter, command: ResolveIncident) -> Rejection | None:
     incident = state.incident
     if state.status is not T.FROZEN or incident is None or incident.incident_id != command.incident_id:
         return Rejection(
-            "INCIDENT_NOT_OPEN", f"incident {command.incident_id} is not open on {state.run_id}", state
+            C.INCIDENT_NOT_OPEN, f"incident {command.incident_id} is not open on {state.run_id}", state
         )
     if command.resolution not in ("resume", "compensated-manually", "abandon"):
         return Rejection(
-            "INVALID_COMMAND", "resolution must be resume, compensated-manually or abandon", state
+            C.INVALID_COMMAND, "resolution must be resume, compensated-manually or abandon", state
         )
     if command.resolution == "resume" and command.lease_epoch <= incident.epoch:
         return Rejection(
-            "LEASE_REQUIRED",
+            C.LEASE_REQUIRED,
             f"resume under a lease taken over after the freeze (epoch > {incident.epoch}); "
             f"got epoch {command.lease_epoch}",
             state,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.common.contracts import TrajectoryEvent
+from services.common.contracts import TrajectoryEvent, TrajectoryRejectionCode
 from services.common.ids import derived_id
 from services.saga_orchestrator.domain.evolve import evolve
 from services.saga_orchestrator.domain.policy import RecoveryPolicy
@@ -31,7 +31,7 @@ class SagaContext:
 
 @dataclass(frozen=True)
 class Rejection:
-    code: str
+    code: TrajectoryRejectionCode
     detail: str
     state: TrajectoryState | None = None
 
