@@ -104,6 +104,16 @@ def metrics_registry() -> CollectorRegistry:
 _SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
+
+def _deadletter_counter(registry: CollectorRegistry) -> Counter:
+    """One name and meaning for dead letters, whichever process sets them aside."""
+    return Counter(
+        "tenure_deadletters",
+        "Records set aside on tenure.deadletter, by reason code.",
+        ["reason"],
+        registry=registry,
+    )
+
 class ProcessorMetrics:
     """What a command processor counts; `aggregate` ("run", "trajectory") labels every series."""
 
@@ -145,12 +155,7 @@ class ProcessorMetrics:
             buckets=_SECONDS_BUCKETS,
             registry=self.registry,
         )
-        self._deadletters = Counter(
-            "tenure_deadletters",
-            "Records set aside on tenure.deadletter, by reason code.",
-            ["reason"],
-            registry=self.registry,
-        )
+        self._deadletters = _deadletter_counter(self.registry)
 
     def batch(self, outcomes: dict[str, int], events: int) -> None:
         self._batches.labels(self.aggregate).inc()
@@ -223,12 +228,7 @@ class ProjectionMetrics:
             ["topic"],
             registry=self.registry,
         )
-        self._deadletters = Counter(
-            "tenure_deadletters",
-            "Records set aside on tenure.deadletter, by reason code.",
-            ["reason"],
-            registry=self.registry,
-        )
+        self._deadletters = _deadletter_counter(self.registry)
 
     def folded(self, topic: str, records: int) -> None:
         self._records.labels(topic).inc(records)

@@ -88,6 +88,15 @@ def short_traceback(exc: BaseException) -> str:
     return text[-_TRACEBACK_BYTES:]
 
 
+def _failure_headers(exc: BaseException, processor: str) -> tuple[tuple[str, bytes], ...]:
+    """What failed and where, on every dead letter a processor writes for its own failure."""
+    return (
+        ("tenure-dlq-exception", type(exc).__name__.encode()),
+        ("tenure-dlq-traceback", short_traceback(exc).encode("utf-8", "replace")),
+        ("tenure-dlq-processor", processor.encode()),
+    )
+
+
 def failed_command_deadletter(
     deadletter_topic: str, record: InboundRecord, exc: BaseException, command: object, processor: str
 ) -> OutboundRecord:
@@ -102,9 +111,7 @@ def failed_command_deadletter(
         failure_summary(exc),
         (
             *command_headers(command),
-            ("tenure-dlq-exception", type(exc).__name__.encode()),
-            ("tenure-dlq-traceback", short_traceback(exc).encode("utf-8", "replace")),
-            ("tenure-dlq-processor", processor.encode()),
+            *_failure_headers(exc, processor),
         ),
     )
 
@@ -133,9 +140,7 @@ def timer_deadletter(
             ("tenure-dlq-run-id", aggregate_id.encode("utf-8")),
             ("tenure-dlq-state-version", str(version).encode()),
             ("tenure-dlq-timer-due", str(due_ms).encode()),
-            ("tenure-dlq-exception", type(exc).__name__.encode()),
-            ("tenure-dlq-traceback", short_traceback(exc).encode("utf-8", "replace")),
-            ("tenure-dlq-processor", processor.encode()),
+            *_failure_headers(exc, processor),
         ),
     )
 
