@@ -53,6 +53,7 @@ IN_FLIGHT = frozenset({"pending", "dispatched", "preparing", "awaiting-gate"})  
 STILL = frozenset({"frozen", "completed", "rolled-back", "abandoned"})
 HTTP_TIMEOUT_S = 30.0
 RETRY_BASE_S, RETRY_CAP_S = 0.05, 1.0
+LONG_POLL_MS = 4000  # within the API's request deadline (TENURE_DECISION_TIMEOUT_S, 5 s)
 
 
 class WorkflowError(RuntimeError):
@@ -73,6 +74,8 @@ class CallStats:
     retries: int = 0  # calls repeated after a 5xx, 202-pending or transport failure
     polls: int = 0  # GET /runs/{id}/trajectory
     answers: Counter[str] = field(default_factory=Counter)  # "POST 202", "transport", ...
+    # per kind of call ("POST /runs/{id}/attempts"): the seconds each answer took
+    seconds: dict[str, list[float]] = field(default_factory=dict)
 
 
 class Api:
@@ -92,6 +95,7 @@ class Api:
     ) -> tuple[int, Any]:
         """One request: (status, parsed JSON or None); (0, reason) when no answer came."""
         self.stats.requests += 1
+        began = time.monotonic()
         try:
             async with self._session.request(method, path, json=body, headers=headers) as response:
                 raw = await response.read()
@@ -100,6 +104,7 @@ class Api:
             self.stats.answers["transport"] += 1
             return 0, type(exc).__name__
         self.stats.answers[f"{method} {status}"] += 1
+        self.stats.seconds.setdefault(_kind(method, path), []).append(time.monotonic() - began)
         try:
             return status, json.loads(raw) if raw else None
         except ValueError:
@@ -133,6 +138,14 @@ class Api:
                 await asyncio.sleep(backoff.next_delay())
                 continue
             raise WorkflowError(f"{method} {path}: {status} {_short(answer)}")
+
+
+def _kind(method: str, path: str) -> str:
+    """The call's route: ids and the query left out ("POST /runs/{id}/trajectory/steps")."""
+    parts = path.split("?", 1)[0].split("/")
+    words = ("", "runs", "attempts", "trajectory", "steps", "finish", "report")
+    named = [p if p in words else "{id}" for p in parts]
+    return f"{method} {'/'.join(named)}"
 
 
 def _short(answer: Any) -> str:
@@ -227,7 +240,9 @@ async def run_workflow(
             raise WorkflowError(f"{run_id}: step {index} was recorded as step {ticket['stepIndex']}")
         if hook is not None:
             hook("accepted", index)
-        await wait_for_step(api, path, index, int(ticket["dispatch"]), poll, mark, deadline)
+        await wait_for_step(
+            api, path, index, int(ticket["dispatch"]), poll, mark, deadline, int(ticket.get("version", 0))
+        )
         mark.visible_ms = time.time() * 1000
         if hook is not None:
             hook("visible", index)
@@ -239,15 +254,19 @@ async def run_workflow(
 
 
 async def wait_for_step(
-    api: Api, path: str, index: int, dispatch: int, poll: Poll, mark: StepMark, deadline: float
+    api: Api, path: str, index: int, dispatch: int, poll: Poll, mark: StepMark, deadline: float, version: int
 ) -> None:
-    """The SDK's wait_for_step: fetch the view; if the step is still in flight, back off, fetch."""
+    """The SDK's wait_for_step: long-poll the view past the last version seen until the step
+    settles (GET ?afterVersion=v&waitMs=...: answered the moment a newer version is visible).
+    Only a failed fetch backs off before the next one."""
     backoff = Backoff(poll.base_s, max(poll.base_s, poll.cap_s))
+    seen = version
     while True:
         mark.polls += 1
         api.stats.polls += 1
-        status, view = await api.once("GET", path)
+        status, view = await api.once("GET", f"{path}?afterVersion={seen}&waitMs={LONG_POLL_MS}")
         if status == 200 and isinstance(view, dict):
+            seen = max(seen, int(view.get("version", seen)))
             listed = view.get("steps") or []
             step = listed[index] if index < len(listed) else None
             if step is not None and int(step.get("dispatch", 0)) >= dispatch:
@@ -257,7 +276,10 @@ async def wait_for_step(
                     raise WorkflowError(f"{path}: step {index} is {step.get('status')}: {step.get('error')}")
             if view.get("status") in STILL:
                 raise WorkflowError(f"{path}: the trajectory is {view.get('status')} at step {index}")
-        elif status not in (0, 404) and status < 500:
+            if time.monotonic() > deadline:
+                raise WorkflowError(f"{path}: step {index} still in flight at the deadline")
+            continue
+        if status not in (0, 404) and status < 500:
             raise WorkflowError(f"GET {path}: {status} {_short(view)}")
         if time.monotonic() > deadline:
             raise WorkflowError(f"{path}: step {index} still in flight at the deadline")

@@ -160,6 +160,8 @@ def throughput(
     cases[f"tp{steps}"], cpu[f"tp{steps}"] = case, window.stop()
     errors = dict(case.errors) or "none"
     say(f"(t) tp{steps}: {case.workflows_per_s:.1f} wf/s, {len(case.flows)} ok, errors {errors}")
+    per = ", ".join(f"{name} {cores:.2f}" for name, cores in sorted(cpu[f"tp{steps}"].per_process.items()))
+    say(f"(t) tp{steps}: CPU cores per process: {per}")
     if args.seq_n:
         probe = LegProbe(system.bootstrap)
         try:
@@ -176,6 +178,9 @@ def throughput(
             probe.close()
         errors = dict(one.errors) or "none"
         say(f"(t) seq{steps}: {one.workflows_per_s:.1f} wf/s at one client, errors {errors}")
+        for kind, took in sorted(one.stats.seconds.items()):
+            ordered = sorted(took)
+            say(f"(t) seq{steps}: {kind}: p50 {1000 * ordered[len(ordered) // 2]:.1f} ms over {len(took)}")
 
 
 def recoveries(

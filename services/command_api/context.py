@@ -93,8 +93,21 @@ class ViewReader:
 
     # Catching up with the primary costs a few file reads; many waiting requests share one.
     _REFRESH_EVERY_S = 0.002
+    # A read of one aggregate's view catches up only when the API has heard of a version newer
+    # than the view it finds (the decision followers hear every event), or when the last catch-up
+    # is this old: that covers what happened before the followers started. Catching up on every
+    # read was a third of the API's CPU under load.
+    _SETTLED_S = 0.1
 
-    def __init__(self, path: Path, codec: MessageCodec, store: KeyValueStore | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        codec: MessageCodec,
+        store: KeyValueStore | None = None,
+        *,
+        heard_run: Callable[[str], int] | None = None,
+        heard_trajectory: Callable[[str], int] | None = None,
+    ) -> None:
         self._path = path
         self._codec = codec
         self._given = store
@@ -102,6 +115,8 @@ class ViewReader:
         self._trajectories: TrajectoryViewStore | None = None
         self._lock = threading.Lock()
         self._refreshed_at = 0.0
+        self._heard_run = heard_run
+        self._heard_trajectory = heard_trajectory
 
     def _store(self) -> RunViewStore:
         if self._views is None:
@@ -131,11 +146,26 @@ class ViewReader:
                 self._refreshed_at = now
         return store
 
+    def _current(
+        self, read: Callable[[], dict[str, Any] | None], heard: Callable[[str], int] | None, run_id: str
+    ) -> dict[str, Any] | None:
+        """`read()` of one aggregate's view, caught up first only if it may be behind."""
+        self._store()
+        if heard is not None:
+            with self._lock:
+                settled = time.monotonic() - self._refreshed_at < self._SETTLED_S
+            if settled:
+                view = read()
+                if heard(run_id) <= (int(view["version"]) if view is not None else 0):
+                    return view
+        self._fresh_store()
+        return read()
+
     def get(self, run_id: str) -> dict[str, Any] | None:
-        return self._fresh_store().get(run_id)
+        return self._current(lambda: self._store().get(run_id), self._heard_run, run_id)
 
     def brief(self, run_id: str) -> dict[str, Any] | None:
-        return self._fresh_store().brief(run_id)
+        return self._current(lambda: self._store().brief(run_id), self._heard_run, run_id)
 
     def list(self, status: str | None, limit: int, cursor: str | None) -> Any:
         return self._fresh_store().list(status, limit, cursor)
@@ -146,7 +176,12 @@ class ViewReader:
         return self._trajectories
 
     def trajectory(self, run_id: str) -> dict[str, Any] | None:
-        return self._fresh_trajectories().get(run_id)
+        def read() -> dict[str, Any] | None:
+            self._store()
+            assert self._trajectories is not None
+            return self._trajectories.get(run_id)
+
+        return self._current(read, self._heard_trajectory, run_id)
 
     def open_incidents(self) -> builtins.list[dict[str, Any]]:
         return self._fresh_trajectories().open_incidents()
@@ -220,27 +255,34 @@ def open_dependencies(
     codec = MessageCodec()
     api_keys = load_api_keys()
     warn_if_development_mode(api_keys, "tenure-command-api")
+    decisions = DecisionListener(bootstrap_servers, codec)
+    trajectory_decisions = DecisionListener(
+        bootstrap_servers,
+        codec,
+        topics=(TRAJECTORIES_EVENTS.name, TRAJECTORIES_REJECTIONS.name),
+        event_types=TRAJECTORY_EVENT_TYPES,
+        client_id="tenure-api-trajectory-decisions",
+    )
     return ApiDependencies(
         publisher=CommandPublisher(
             bootstrap_servers,
             client_id="tenure-command-api",
             delivery_timeout_s=delivery_timeout_for(decision_timeout_s),
         ),
-        decisions=DecisionListener(bootstrap_servers, codec),
-        views=ViewReader(views_path, codec),
+        decisions=decisions,
+        views=ViewReader(
+            views_path,
+            codec,
+            heard_run=lambda run_id: decisions.newest_heard(run_id),
+            heard_trajectory=lambda run_id: trajectory_decisions.newest_heard(run_id),
+        ),
         codec=codec,
         clock=SystemClock(),
         api_keys=api_keys,
         decision_timeout_s=decision_timeout_s,
         objects=FilesystemObjectStore(artifacts_path),
         blocks=BlockList(bootstrap_servers, client_id="tenure-api-policy"),
-        trajectory_decisions=DecisionListener(
-            bootstrap_servers,
-            codec,
-            topics=(TRAJECTORIES_EVENTS.name, TRAJECTORIES_REJECTIONS.name),
-            event_types=TRAJECTORY_EVENT_TYPES,
-            client_id="tenure-api-trajectory-decisions",
-        ),
+        trajectory_decisions=trajectory_decisions,
     )
 
 
@@ -338,6 +380,28 @@ class ApiContext:
 
     async def trajectory_view(self, run_id: str) -> dict[str, Any] | None:
         return await self.in_thread("the trajectory views", self.deps.views.trajectory, run_id)
+
+    async def trajectory_after(self, run_id: str, after: int, wait_s: float) -> dict[str, Any] | None:
+        """The trajectory view once its version is above `after`, or as it is when `wait_s`
+        (bounded by the request's deadline) has passed: a long-poll.
+
+        The trajectory follower wakes the request the moment an event past `after` is on the
+        log; the answer then waits only for the projection to apply it (milliseconds). A runner
+        that long-polls learns of its step's commit without polling at all."""
+        view = await self.trajectory_view(run_id)
+        if view is None or int(view["version"]) > after or wait_s <= 0:
+            return view
+        wait_s = min(wait_s, max(0.0, self.remaining() - _LAST_READ_S))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        newer = await self.deps.trajectory_decisions.wait_past(run_id, after, wait_s)
+        if newer is not None:
+            shown = await self.deps.views.wait_for_trajectory_version(
+                run_id, min(newer, after + 1), max(0.0, deadline - loop.time())
+            )
+            if shown is not None:
+                return shown
+        return await self.trajectory_view(run_id)
 
     # --- commands -----------------------------------------------------------------------------
 

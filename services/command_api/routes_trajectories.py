@@ -27,7 +27,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import Field
 
@@ -35,6 +35,7 @@ from services.command_api.auth import Principal
 from services.command_api.context import ApiContext, Outcome, pending_response
 from services.command_api.idempotency import PRINCIPAL_FIELD, KeyedRequest
 from services.command_api.models import (
+    AVRO_LONG_MAX,
     ApiBody,
     Identifier,
     Money,
@@ -67,6 +68,11 @@ __all__ = ["trajectories_router"]
 
 # Step statuses in which the orchestrator still owes the step an outcome.
 _IN_FLIGHT = ("pending", "dispatched", "preparing", "awaiting-gate")
+# A version is an Avro long in the events; a long-poll waits at most half a minute (and never
+# past the request's deadline, TENURE_DECISION_TIMEOUT_S).
+MAX_VERSION = AVRO_LONG_MAX
+MAX_WAIT_MS = 30_000
+DEFAULT_WAIT_MS = 10_000
 
 
 
@@ -362,8 +368,32 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
         return await decide(command, request.url.path, status=201)
 
     @router.get("/runs/{run_id}/trajectory", summary="The trajectory view: steps, stack, decisions, incident")
-    async def get_trajectory(run_id: str) -> Any:
-        view = await trajectory_view(run_id)
+    async def get_trajectory(
+        run_id: str,
+        after_version: Annotated[
+            int | None,
+            Query(
+                alias="afterVersion",
+                ge=0,
+                le=MAX_VERSION,
+                description="Long-poll: answer once the view's version is above this one",
+            ),
+        ] = None,
+        wait_ms: Annotated[
+            int,
+            Query(
+                alias="waitMs",
+                ge=0,
+                le=MAX_WAIT_MS,
+                description="How long a long-poll may wait (bounded by the request's deadline); "
+                "the current view is the answer when nothing changed by then",
+            ),
+        ] = DEFAULT_WAIT_MS,
+    ) -> Any:
+        if after_version is None:
+            view = await trajectory_view(run_id)
+        else:
+            view = await ctx.trajectory_after(run_id, after_version, wait_ms / 1000)
         if view is None:
             raise ApiProblem("trajectory-not-found", f"run {run_id} has no trajectory", runId=run_id)
         return view

@@ -38,6 +38,8 @@ __all__ = [
 ]
 
 _REMEMBERED = 20_000
+# Aggregates whose newest version is remembered (the long-poll and the views' lazy catch-up).
+_VERSIONS_REMEMBERED = 200_000
 # A follower that has not completed a poll for this long is stuck, whatever it says.
 _STALL_S = 5.0
 
@@ -85,12 +87,68 @@ class FollowerHealth:
 
 
 class DecisionBook:
-    """Waiters by command id and the decisions seen recently (no Kafka here)."""
+    """Waiters by command id and the decisions seen recently (no Kafka here).
+
+    It also keeps the newest version heard of each aggregate, and wakes those waiting for an
+    aggregate to pass a version: that is how a long-poll learns of a change the moment it is
+    on the log, and how a view read knows whether it must catch up with the projection first.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[Decision]]]] = {}
         self._recent: OrderedDict[str, Decision] = OrderedDict()
+        self._versions: OrderedDict[str, int] = OrderedDict()
+        self._watchers: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[int], int]]] = {}
+
+    # --- versions -------------------------------------------------------------------------------
+
+    def heard(self, aggregate_id: str, version: int) -> None:
+        """An event of `aggregate_id` at `version` is on the log."""
+        with self._lock:
+            if version <= self._versions.get(aggregate_id, 0):
+                return
+            self._versions[aggregate_id] = version
+            self._versions.move_to_end(aggregate_id)
+            while len(self._versions) > _VERSIONS_REMEMBERED:
+                self._versions.popitem(last=False)
+            watchers = self._watchers.pop(aggregate_id, [])
+            waiting = [w for w in watchers if w[2] >= version]
+            if waiting:
+                self._watchers[aggregate_id] = waiting
+        for loop, future, after in watchers:
+            if after < version:
+                loop.call_soon_threadsafe(_resolve, future, version)
+
+    def newest_heard(self, aggregate_id: str) -> int:
+        """The newest version of `aggregate_id` heard of since start-up (0: none)."""
+        with self._lock:
+            return self._versions.get(aggregate_id, 0)
+
+    async def wait_past(self, aggregate_id: str, after: int, timeout_s: float) -> int | None:
+        """The first version above `after` heard of within `timeout_s`, else None."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[int] = loop.create_future()
+        entry = (loop, future, after)
+        with self._lock:
+            known = self._versions.get(aggregate_id, 0)
+            if known <= after:
+                self._watchers.setdefault(aggregate_id, []).append(entry)
+        if known > after:
+            return known
+        try:
+            return await asyncio.wait_for(future, max(0.0, timeout_s))
+        except TimeoutError:
+            return None
+        finally:
+            with self._lock:
+                rest = [w for w in self._watchers.get(aggregate_id, []) if w[1] is not future]
+                if rest:
+                    self._watchers[aggregate_id] = rest
+                else:
+                    self._watchers.pop(aggregate_id, None)
+
+    # --- decisions ------------------------------------------------------------------------------
 
     def deliver(self, command_id: str, decision: Decision) -> None:
         with self._lock:
@@ -183,6 +241,7 @@ class DecisionListener(DecisionBook):
                 if isinstance(message, CommandRejected):
                     self.deliver(message.causation_id, Rejected(message))
                 elif isinstance(message, self._event_types):
+                    self.heard(message.run_id, message.version)
                     self.deliver(message.causation_id, Decided(message))
         self._follower.close()
 
@@ -202,9 +261,9 @@ class DecisionListener(DecisionBook):
         self._thread.join(5.0)
 
 
-def _resolve(future: asyncio.Future[Decision], decision: Decision) -> None:
+def _resolve(future: asyncio.Future[Any], value: Any) -> None:
     if not future.done():
-        future.set_result(decision)
+        future.set_result(value)
 
 
 async def publish_and_await(

@@ -26,7 +26,7 @@ from services.common.auth import Principal
 from services.common.backoff import Backoff
 from services.common.clock import SystemClock
 from services.common.contracts import EVENT_TYPES, RecordEffectIntent, RecordEffectOutcome
-from services.common.decisions import Decided, DecisionListener, Rejected, publish_and_await
+from services.common.decisions import DecisionListener, Rejected, publish_and_await
 from services.common.ids import derived_id
 from services.common.kafka import CommandPublisher, TopicFollower
 from services.common.messages import MessageCodec, UndecodableRecord
@@ -391,15 +391,20 @@ class Gateway:
             outcome=outcome,
             detail=detail,
         )
+        # Durable, not decided: the answer waits for Kafka's acknowledgement of the command, not
+        # for the coordinator's transaction. The intent was decided before the effect (that is
+        # the fencing check); the outcome only tells later repeats what happened, and it is on
+        # the log, ahead of anything the caller sends after this answer. A repeat that comes
+        # before the coordinator has decided it reconciles by probing, as after a crash. This
+        # took one serial transaction (~13 ms) off every effect.
         try:
-            decision = await self._send(command)
-        except Exception as exc:
-            decision = exc
-        if not isinstance(decision, Decided):
+            produced = self._publisher.publish(command_record(self._codec, command))
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(produced)), self._timeout)
+        except Exception as exc:  # BufferError, TimeoutError, a Kafka error
             # The intent is durable: whoever asks again under the key reconciles by probing.
-            log.warning("outcome %s of %s not confirmed: %s", outcome, effect_id, decision)
+            log.warning("outcome %s of %s not recorded: %s", outcome, effect_id, exc)
 
-    async def _send(self, command: RecordEffectIntent | RecordEffectOutcome) -> Any:
+    async def _send(self, command: RecordEffectIntent) -> Any:
         record = command_record(self._codec, command)
         return await publish_and_await(
             self._publisher, self._decisions, record, command.command_id, self._timeout

@@ -53,6 +53,9 @@ __all__ = [
 IN_FLIGHT_STATUSES = frozenset({"pending", "dispatched", "preparing", "awaiting-gate"})
 # Trajectory statuses in which no step moves until an operator acts (or ever again).
 _STILL = frozenset({"frozen", "completed", "rolled-back", "abandoned"})
+# How long one long-poll of wait_for_step may wait on the server: under the HTTP client's
+# timeout, and the API bounds it by its request deadline anyway.
+LONG_POLL_MS = 4_000
 _LEASE_PROBLEMS = frozenset(
     {"stale-epoch", "unknown-attempt", "lease-expired", "lease-revoked", "lease-released"}
 )
@@ -216,10 +219,16 @@ class TrajectoryClient:
             replayed=bool(answer.get("replayed")),
         )
 
-    def trajectory(self, run_id: str) -> dict[str, Any]:
-        """GET /runs/{runId}/trajectory. Raises TrajectoryRejected (code trajectory-not-found)."""
+    def trajectory(
+        self, run_id: str, *, after_version: int | None = None, wait_ms: int = 0
+    ) -> dict[str, Any]:
+        """GET /runs/{runId}/trajectory. Raises TrajectoryRejected (code trajectory-not-found).
+
+        With `after_version`, a long-poll: the API answers once the view's version is above it,
+        or with the view as it is after `wait_ms` (bounded by the API's request deadline)."""
+        params = {} if after_version is None else {"afterVersion": after_version, "waitMs": wait_ms}
         try:
-            response = self._http.get(self._path(run_id))
+            response = self._http.get(self._path(run_id), params=params)
         except httpx.TransportError as exc:
             raise TenureUnavailable("trajectory", f"{type(exc).__name__}: {exc}") from exc
         return _answer("trajectory", response)
@@ -233,20 +242,31 @@ class TrajectoryClient:
         timeout_s: float = 60.0,
         poll_s: float = 0.2,
         max_poll_s: float = 2.0,
+        long_poll_ms: int = LONG_POLL_MS,
     ) -> StepOutcome:
-        """Poll the trajectory until step `index` (at `dispatch` or a later one) has settled.
+        """Wait until step `index` (at `dispatch` or a later one) has settled.
 
         Settled: no longer pending, dispatched, preparing or awaiting-gate; or the trajectory
         stopped moving (frozen, completed, rolled back, abandoned). A transient failure that the
         orchestrator retries is not settled: the retry is a later dispatch of the same step.
-        Polls wait a full-jitter backoff from `poll_s` up to `max_poll_s` (BRK-3), so many
-        runners waiting on one slow tool do not poll the API in lockstep."""
+
+        Each fetch after the first is a long-poll past the version last seen, so the runner
+        learns of the commit the moment it is visible, without polling. Only a fetch that could
+        not long-poll (no trajectory yet, an API without versions) waits a full-jitter backoff
+        from `poll_s` up to `max_poll_s` before the next (BRK-3), so many runners waiting on one
+        slow tool do not poll the API in lockstep."""
         deadline = time.monotonic() + timeout_s
         backoff = Backoff(poll_s, max(poll_s, max_poll_s), self._jitter)
         last_status: str | None = None
+        seen: int | None = None
         while True:
+            asked = time.monotonic()
+            left_ms = int(max(0.0, deadline - asked) * 1000)
             try:
-                view = self.trajectory(run_id)
+                if seen is None:
+                    view = self.trajectory(run_id)
+                else:
+                    view = self.trajectory(run_id, after_version=seen, wait_ms=min(long_poll_ms, left_ms))
             except TrajectoryRejected as exc:
                 if exc.status != 404:
                     raise
@@ -262,6 +282,17 @@ class TrajectoryClient:
             left_s = deadline - time.monotonic()
             if left_s <= 0:
                 raise StepWaitTimeout(run_id, index, last_status, timeout_s)
+            version = view.get("version")
+            if isinstance(version, int) and not isinstance(version, bool) and long_poll_ms > 0:
+                # The next fetch waits on the server for a newer version. An unchanged version
+                # answered at once means the server did not wait (it is older than long-polls,
+                # or its deadline is short): then back off as a poller would.
+                unchanged_at_once = version == seen and time.monotonic() - asked < long_poll_ms / 2000
+                seen = version
+                if not unchanged_at_once:
+                    continue
+            else:
+                seen = None
             self._sleep(min(backoff.next_delay(), left_s))
 
     def finish(self, lease: LeaseLike, *, idempotency_key: str | None = None) -> dict[str, Any]:

@@ -9,6 +9,8 @@ never only against what the API says.
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -423,3 +425,47 @@ def test_trajectory_views_rebuilt_from_the_log_equal_the_live_ones_DUR_1(
 
     wait_until(caught_up, 30, "the live trajectory views to equal the rebuilt ones")
     assert live.open_incidents() == rebuilt.open_incidents()
+
+
+def test_a_long_poll_waits_on_the_server_and_answers_the_moment_the_view_moves(
+    http: httpx.Client, sdk: tuple[TenureClient, TrajectoryClient]
+) -> None:
+    """GET /runs/{id}/trajectory?afterVersion=v&waitMs=w: push instead of poll (issue 11).
+
+    Nothing changes: the answer comes after about `w`, with the same version. A step is
+    proposed meanwhile: the answer comes once the view is past `v`, long before `w`."""
+    runs, client = sdk
+    lease = claimed_run(http, runs, "long-poll")
+    client.start_trajectory(lease)
+    first = client.propose_step(lease, "cache.warm", {"name": "lp-1"})
+    assert client.wait_for_step(lease.run_id, first.step_index).committed
+    path = f"/runs/{lease.run_id}/trajectory"
+    version = int(http.get(path).json()["version"])
+
+    began = time.monotonic()
+    idle = http.get(path, params={"afterVersion": version, "waitMs": 1500})
+    waited = time.monotonic() - began
+    assert idle.status_code == 200 and int(idle.json()["version"]) == version
+    assert 1.3 <= waited < 5.0, f"an idle long-poll answered after {waited:.2f}s, not ~1.5s"
+
+    answered: dict[str, Any] = {}
+
+    def long_poll() -> None:
+        t0 = time.monotonic()
+        response = http.get(path, params={"afterVersion": version, "waitMs": 8000})
+        answered.update(seconds=time.monotonic() - t0, status=response.status_code, view=response.json())
+
+    poller = threading.Thread(target=long_poll)
+    poller.start()
+    time.sleep(0.3)  # the poll is waiting on the server
+    client.propose_step(lease, "cache.warm", {"name": "lp-2"})
+    poller.join(10)
+    assert answered["status"] == 200
+    assert int(answered["view"]["version"]) > version
+    assert answered["seconds"] < 3.0, f"the long-poll saw the change after {answered['seconds']:.2f}s"
+
+    # Bounded like every number: a wait past 30 s or a negative version is a 422 problem.
+    for params in ({"afterVersion": version, "waitMs": 30_001}, {"afterVersion": -1}, {"afterVersion": "x"}):
+        refused = http.get(path, params=params)
+        assert refused.status_code == 422, (params, refused.text)
+        assert refused.headers["content-type"].startswith("application/problem+json")

@@ -41,7 +41,7 @@ class CommandPublisher:
             {
                 "enable.idempotence": True,
                 "acks": "all",
-                "linger.ms": 2,
+                "linger.ms": 0,
             }
         )
         if delivery_timeout_s is not None:

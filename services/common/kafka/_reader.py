@@ -34,7 +34,7 @@ def _consumer(
             "enable.partition.eof": eof,
             "auto.offset.reset": "earliest",
             # Latency over idle cost: a decision should reach its waiter within a few ms.
-            "fetch.wait.max.ms": 10,
+            "fetch.wait.max.ms": 100,
         }
     )
     return Consumer(config)
