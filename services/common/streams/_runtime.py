@@ -333,10 +333,22 @@ class CommandStream:
 
     def run(self) -> None:
         """Run the worker in the foreground until SIGTERM/SIGINT."""
-        worker = faust.Worker(
+        worker = _QuietWorker(
             self.app, loglevel=self._settings.framework_log_level, quiet=True, redirect_stdouts=False
         )
         worker.execute_from_commandline()
+
+
+class _QuietWorker(faust.Worker):
+    """faust's worker without its terminal progress spinner.
+
+    At a log level of WARNING or above, faust feeds its spinner by setting the root logger to
+    DEBUG with a handler of its own, so every debug line of aiokafka, faust and mode became a
+    log record that nobody reads: CPU on every fetch and every command (issue 11). The root
+    logger keeps the level mode's set-up gives it (`framework_log_level`)."""
+
+    def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
+        self.spinner = None
 
 
 def _record_of(message: Any) -> InboundRecord:
