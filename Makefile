@@ -66,5 +66,17 @@ FAULTS_ARGS ?= --trajectories 1000 --seed 7 --workers 6 --out docs/benchmarks.md
 bench-faults: kafka
 	$(BIN)/python -m bench.faults $(FAULTS_ARGS)
 
+# The semantic watchdog's cost per observation, in-process (issue 12; WATCHDOG_ARGS to change it).
+WATCHDOG_ARGS ?= --observations 100000 --runs 1000
+.PHONY: bench-watchdog
+bench-watchdog: $(STAMP)
+	$(BIN)/python -m bench.watchdog_detectors $(WATCHDOG_ARGS)
+
+# Observation -> intervention visible to the runner, through the real system (issue 12, WD-5).
+WATCHDOG_LATENCY_ARGS ?= --samples 200
+.PHONY: bench-watchdog-latency
+bench-watchdog-latency: kafka
+	$(BIN)/python -m bench.watchdog_latency $(WATCHDOG_LATENCY_ARGS)
+
 clean:
 	rm -rf $(VENV) .tenure .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -2,7 +2,8 @@
 
 `StepsSystem` starts a broker (services.common.broker) and the six processes a durable step
 passes through: lease coordinator, projector, command API, simulated environment, effect gateway
-and saga orchestrator, on temp state dirs. `supervise()` is called from the main thread in a
+and saga orchestrator, plus the watchdog, which takes in every step's observation (WD-1), on
+temp state dirs. `supervise()` is called from the main thread in a
 loop: whatever has exited (a process the bench SIGKILLed, or one that exited on its own, e.g. a
 processor that could not commit while the broker was down) is started again at once, the broker
 on the same port and data dir. Every start happens on the main thread, under a lifeline
@@ -40,6 +41,9 @@ SERVICES = (
     ("sim_environment", "services.sim_environment"),
     ("effect_gateway", "services.effect_gateway"),
     ("saga_orchestrator", "services.saga_orchestrator"),
+    # Not on a step's path, but every step's observation is its input (WD-1): it runs, as in
+    # `tenure up`, so its CPU and its transactions are in the figures.
+    ("watchdog", "services.watchdog"),
 )
 # Recovery scenario name -> the process it SIGKILLs.
 KILLABLE = {"orchestrator": "saga_orchestrator", "coordinator": "lease_coordinator", "broker": "kafka"}
@@ -111,7 +115,7 @@ class Proc:
 
 
 class StepsSystem:
-    """The broker and the six processes; `supervise()` restarts whatever exited, at once."""
+    """The broker and the seven processes; `supervise()` restarts whatever exited, at once."""
 
     def __init__(
         self, workdir: Path, tag: str, *, saga_workers: int, tool_timeout_s: float, time_scale: float = 0.0
@@ -125,6 +129,7 @@ class StepsSystem:
             "lease_coordinator": free_port(),
             "projections": free_port(),
             "saga_orchestrator": free_port(),
+            "watchdog": free_port(),
         }
         self.saga_workers = saga_workers
         self.tool_timeout_s = tool_timeout_s
@@ -172,6 +177,7 @@ class StepsSystem:
             TENURE_COORDINATOR_HEALTH_PORT=str(self.health_ports["lease_coordinator"]),
             TENURE_PROJECTIONS_HEALTH_PORT=str(self.health_ports["projections"]),
             TENURE_SAGA_HEALTH_PORT=str(self.health_ports["saga_orchestrator"]),
+            TENURE_WATCHDOG_HEALTH_PORT=str(self.health_ports["watchdog"]),
         )
         for name, module in SERVICES:
             self.procs[name] = Proc(name, module, env, self.workdir / name)
@@ -179,7 +185,7 @@ class StepsSystem:
         self.procs["projections"].start()
         views = self.workdir / "state" / "projections" / "run_views" / "CURRENT"
         self._wait(views.exists, "the projector's views store", 60.0)
-        for name in ("command_api", "sim_environment", "effect_gateway", "saga_orchestrator"):
+        for name in ("command_api", "sim_environment", "effect_gateway", "saga_orchestrator", "watchdog"):
             self.procs[name].start()
         for name, proc in self.procs.items():
             say(f"started {name} pid {proc.pid} (log {proc.log_file})")

@@ -28,6 +28,7 @@ from services.command_api.routes_admin import admin_router
 from services.command_api.routes_leases import leases_router
 from services.command_api.routes_runs import runs_router
 from services.command_api.routes_trajectories import trajectories_router
+from services.command_api.routes_watchdog import watchdog_router
 from services.command_api.routes_work import work_router
 from services.common.http_guard import MAX_JSON_DEPTH, HttpGuard
 from services.common.ids import is_attempt_id, is_grant_id, is_incident_id, is_run_id
@@ -114,7 +115,8 @@ def create_app(open_deps: Callable[[], ApiDependencies], *, max_body_bytes: int 
         title="Tenure command API",
         version=API_VERSION,
         description="Submit, claim, renew, report, take over and inspect agent runs; drive a "
-        "run's trajectory (saga) step by step and resolve its incidents. "
+        "run's trajectory (saga) step by step and resolve its incidents; report a runner's own steps "
+        "to the semantic watchdog and see its interventions. "
         "Errors are RFC 9457 problem+json; an unexpected failure is a 500 problem, never a page."
         + REFUSALS,
         lifespan=lifespan,
@@ -131,6 +133,7 @@ def create_app(open_deps: Callable[[], ApiDependencies], *, max_body_bytes: int 
     app.include_router(leases_router(ctx))
     app.include_router(work_router(ctx))
     app.include_router(trajectories_router(ctx))
+    app.include_router(watchdog_router(ctx))
     app.include_router(admin_router(ctx))
     app.add_middleware(
         HttpGuard,

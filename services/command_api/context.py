@@ -1,7 +1,8 @@
 """What every route needs: Kafka publisher, decision followers, view reader, metrics, auth.
 
 `ApiContext.publish_and_wait` is the one way a route issues a Run command (and
-`publish_trajectory_and_wait` a trajectory command): register for the decision, publish, wait
+`publish_trajectory_and_wait` a trajectory command, `publish_watchdog_and_wait` a watchdog
+command): register for the decision, publish, wait
 for the decision event or rejection, and optionally for the view that shows it.
 
 Every request has one deadline, TENURE_DECISION_TIMEOUT_S after it reached its route (set by the
@@ -31,7 +32,13 @@ from services.command_api.models import PendingCommand
 from services.command_api.problems import REJECTION_PROBLEMS, ApiProblem, problem_response
 from services.common.auth import warn_if_development_mode
 from services.common.clock import Clock, SystemClock
-from services.common.contracts import TRAJECTORY_EVENT_TYPES, RunCommand, TrajectoryCommand
+from services.common.contracts import (
+    TRAJECTORY_EVENT_TYPES,
+    WATCHDOG_EVENT_TYPES,
+    RunCommand,
+    TrajectoryCommand,
+    WatchdogCommand,
+)
 from services.common.decisions import (
     Decided,
     DecisionBook,
@@ -45,11 +52,17 @@ from services.common.kafka import CommandPublisher, OutboundRecord
 from services.common.messages import MessageCodec
 from services.common.objectstore import FilesystemObjectStore, ObjectStore
 from services.common.policy import BlockList
-from services.common.routing import command_record, trajectory_command_record
+from services.common.routing import command_record, observation_record, trajectory_command_record
 from services.common.store import KeyValueStore, RocksStore
-from services.common.topics import TRAJECTORIES_EVENTS, TRAJECTORIES_REJECTIONS
+from services.common.topics import (
+    TRAJECTORIES_EVENTS,
+    TRAJECTORIES_REJECTIONS,
+    WATCHDOG_EVENTS,
+    WATCHDOG_REJECTIONS,
+)
 from services.projections.store import RunViewStore
 from services.projections.trajectory_store import TrajectoryViewStore
+from services.projections.watchdog_store import WatchdogViewStore
 
 __all__ = [
     "RETRY_AFTER_S",
@@ -88,7 +101,7 @@ class ApiPublisher(Protocol):
 class ViewReader:
     """Opens the projector's RocksDB as a read-only secondary, once it exists.
 
-    Run views and trajectory views share that store, so one catch-up serves both. `store` is
+    Run, trajectory and watchdog views share that store, so one catch-up serves all. `store` is
     for tests: a store the caller already has open instead of the projector's at `path`."""
 
     # Catching up with the primary costs a few file reads; many waiting requests share one.
@@ -107,16 +120,19 @@ class ViewReader:
         *,
         heard_run: Callable[[str], int] | None = None,
         heard_trajectory: Callable[[str], int] | None = None,
+        heard_watchdog: Callable[[str], int] | None = None,
     ) -> None:
         self._path = path
         self._codec = codec
         self._given = store
         self._views: RunViewStore | None = None
         self._trajectories: TrajectoryViewStore | None = None
+        self._watchdogs: WatchdogViewStore | None = None
         self._lock = threading.Lock()
         self._refreshed_at = 0.0
         self._heard_run = heard_run
         self._heard_trajectory = heard_trajectory
+        self._heard_watchdog = heard_watchdog
 
     def _store(self) -> RunViewStore:
         if self._views is None:
@@ -124,6 +140,7 @@ class ViewReader:
                 raise ApiProblem("unavailable", "the run views are not built yet; is projections running?")
             store = self._given if self._given is not None else RocksStore(self._path, secondary=True)
             self._trajectories = TrajectoryViewStore(store, self._codec)
+            self._watchdogs = WatchdogViewStore(store, self._codec)
             self._views = RunViewStore(store, self._codec)
         return self._views
 
@@ -183,6 +200,25 @@ class ViewReader:
 
         return self._current(read, self._heard_trajectory, run_id)
 
+    def _watchdog_store(self) -> WatchdogViewStore:
+        self._store()
+        assert self._watchdogs is not None
+        return self._watchdogs
+
+    def watchdog(self, run_id: str) -> dict[str, Any] | None:
+        """The run's watchdog view (WD-5), None while the run has no watchdog."""
+        return self._current(lambda: self._watchdog_store().get(run_id), self._heard_watchdog, run_id)
+
+    def watchdog_brief(self, run_id: str) -> dict[str, Any] | None:
+        """The few watchdog fields a runner's answers carry (one small read per heartbeat)."""
+        return self._current(lambda: self._watchdog_store().brief(run_id), self._heard_watchdog, run_id)
+
+    async def wait_for_watchdog_version(
+        self, run_id: str, version: int, timeout_s: float
+    ) -> dict[str, Any] | None:
+        """The run's watchdog view once the projection has applied `version`, or None on timeout."""
+        return await self._wait(self.watchdog, run_id, version, timeout_s)
+
     def open_incidents(self) -> builtins.list[dict[str, Any]]:
         return self._fresh_trajectories().open_incidents()
 
@@ -232,8 +268,13 @@ class ApiDependencies:
     blocks: BlockList
     # Decisions of the saga orchestrator (trajectories.events / trajectories.rejections).
     trajectory_decisions: DecisionBook
+    # Decisions of the semantic watchdog (watchdog.events / watchdog.rejections); None: its
+    # commands are published and answered 202 without waiting for a decision.
+    watchdog_decisions: DecisionBook | None = None
 
     def close(self) -> None:
+        if self.watchdog_decisions is not None:
+            self.watchdog_decisions.close()
         self.blocks.close()
         self.trajectory_decisions.close()
         self.decisions.close()
@@ -263,6 +304,13 @@ def open_dependencies(
         event_types=TRAJECTORY_EVENT_TYPES,
         client_id="tenure-api-trajectory-decisions",
     )
+    watchdog_decisions = DecisionListener(
+        bootstrap_servers,
+        codec,
+        topics=(WATCHDOG_EVENTS.name, WATCHDOG_REJECTIONS.name),
+        event_types=WATCHDOG_EVENT_TYPES,
+        client_id="tenure-api-watchdog-decisions",
+    )
     return ApiDependencies(
         publisher=CommandPublisher(
             bootstrap_servers,
@@ -275,6 +323,7 @@ def open_dependencies(
             codec,
             heard_run=lambda run_id: decisions.newest_heard(run_id),
             heard_trajectory=lambda run_id: trajectory_decisions.newest_heard(run_id),
+            heard_watchdog=lambda run_id: watchdog_decisions.newest_heard(run_id),
         ),
         codec=codec,
         clock=SystemClock(),
@@ -283,6 +332,7 @@ def open_dependencies(
         objects=FilesystemObjectStore(artifacts_path),
         blocks=BlockList(bootstrap_servers, client_id="tenure-api-policy"),
         trajectory_decisions=trajectory_decisions,
+        watchdog_decisions=watchdog_decisions,
     )
 
 
@@ -428,6 +478,23 @@ class ApiContext:
             d.views.wait_for_trajectory_version if wait_for_view else None,
         )
 
+    async def publish_watchdog_and_wait(
+        self, command: WatchdogCommand, *, wait_for_view: bool = True
+    ) -> Outcome | Rejected | PendingCommand:
+        """Like publish_and_wait, for the semantic watchdog's commands (progress.observations)
+        and watchdog views. Without a watchdog decision follower: published, then pending."""
+        d = self.deps
+        record = observation_record(d.codec, command)
+        if d.watchdog_decisions is None:
+            await self.publish_record(record, type(command).__name__)
+            return self._pending(command)
+        return await self._publish_and_wait(
+            record,
+            command,
+            d.watchdog_decisions,
+            d.views.wait_for_watchdog_version if wait_for_view else None,
+        )
+
     async def publish_record(self, record: OutboundRecord, what: str) -> None:
         """Publish a record that is not a command (a policy change), within the deadline."""
         try:
@@ -447,7 +514,7 @@ class ApiContext:
     async def _publish_and_wait(
         self,
         record: OutboundRecord,
-        command: RunCommand | TrajectoryCommand,
+        command: RunCommand | TrajectoryCommand | WatchdogCommand,
         listener: DecisionBook,
         wait_for_view: Callable[[str, int, float], Awaitable[dict[str, Any] | None]] | None,
     ) -> Outcome | Rejected | PendingCommand:
@@ -488,7 +555,7 @@ class ApiContext:
         self._commands_total.labels(kind, label).inc()
         return result
 
-    def _pending(self, command: RunCommand | TrajectoryCommand) -> PendingCommand:
+    def _pending(self, command: RunCommand | TrajectoryCommand | WatchdogCommand) -> PendingCommand:
         return PendingCommand(
             runId=command.run_id,
             commandId=command.command_id,

@@ -101,11 +101,18 @@ def health_router(ctx: ApiContext) -> APIRouter:
         async def trajectory_decisions() -> FollowerHealth:
             return await asyncio.to_thread(d.trajectory_decisions.health)
 
+        async def watchdog_decisions() -> FollowerHealth:
+            listener = d.watchdog_decisions
+            if listener is None:  # a harness without the watchdog's follower
+                return FollowerHealth(True, "no watchdog follower configured")
+            return await asyncio.to_thread(listener.health)
+
         results = await asyncio.gather(
             check("kafka", kafka),
             check("views", views),
             check("runDecisions", run_decisions),
             check("trajectoryDecisions", trajectory_decisions),
+            check("watchdogDecisions", watchdog_decisions),
             check("blockPolicy", block_policy),
         )
         checks = dict(results)

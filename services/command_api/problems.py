@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from services.common.contracts import RejectionCode, TrajectoryRejectionCode
+from services.common.contracts import RejectionCode, TrajectoryRejectionCode, WatchdogRejectionCode
 from services.common.problem_json import (
     COMMON_PROBLEMS,
     Problem,
@@ -26,6 +26,8 @@ __all__ = [
     "REJECTION_PROBLEMS",
     "TRAJECTORY_PROBLEMS",
     "TRAJECTORY_REJECTION_PROBLEMS",
+    "WATCHDOG_PROBLEMS",
+    "WATCHDOG_REJECTION_PROBLEMS",
     "ApiProblem",
     "problem_response",
     "register_problem_handlers",
@@ -162,6 +164,86 @@ TRAJECTORY_REJECTION_PROBLEMS: dict[str, str] = {
     TrajectoryRejectionCode.NOT_RETRYABLE_AFTER_PIVOT: "trajectory-conflict",
     TrajectoryRejectionCode.PIVOT_COMMITTED: "trajectory-conflict",
     TrajectoryRejectionCode.NO_PIVOT_PENDING: "trajectory-conflict",
+    # The semantic watchdog's refusals (WD-5): each its own problem, carrying the intervention.
+    TrajectoryRejectionCode.STATE_OSCILLATION_DETECTED: "state-oscillation-detected",
+    TrajectoryRejectionCode.ACTION_TOMBSTONED: "action-tombstoned",
+    TrajectoryRejectionCode.ERR_SEMANTIC_DEADLOCK: "semantic-deadlock",
+}
+
+# The semantic watchdog's problems (routes_watchdog.py and the watchdog's refusals of proposals).
+WATCHDOG_PROBLEMS: tuple[ProblemType, ...] = (
+    ProblemType(
+        "state-oscillation-detected",
+        "The run is looping: propose something else",
+        409,
+        "The semantic watchdog found the run busy but not progressing (WD-2..WD-4) and interrupted "
+        "it (WD-5 level 1, STATE_OSCILLATION_DETECTED); this proposal repeats the action the "
+        "interrupt named. `watchdog` carries the intervention: the synthetic observation for the "
+        "model's context (`message`), the period, the step the environment returned to and the "
+        "action hash. Nothing was recorded; propose a different action.",
+    ),
+    ProblemType(
+        "action-tombstoned",
+        "The action is tombstoned for this run",
+        409,
+        "A second violation within the ladder epoch (WD-5 level 2, ROLLBACK_REQUESTED) tombstoned "
+        "this action (tool + canonical arguments, `actionHash`) for the run: the orchestrator and "
+        "the effect gateway refuse it from now on. Restore the checkpoint the intervention in "
+        "`watchdog` names, acknowledge it (POST /runs/{runId}/watchdog/rollback) and try a "
+        "different action. Nothing was recorded.",
+    ),
+    ProblemType(
+        "semantic-deadlock",
+        "The run is in semantic deadlock",
+        409,
+        "The run kept looping after its rollback budget was spent (WD-5 level 3, "
+        "ERR_SEMANTIC_DEADLOCK): no step is accepted, the saga is unwound before its pivot or "
+        "frozen with an incident after it, and the run's log is handed to an operator.",
+    ),
+    ProblemType(
+        "watchdog-not-found",
+        "The run has no watchdog yet",
+        404,
+        "A run's watchdog begins with its first observation (a step the saga dispatched, "
+        "POST /runs/{runId}/observations) or configuration (PUT /runs/{runId}/watchdog).",
+    ),
+    ProblemType(
+        "no-rollback-pending",
+        "No such rollback is awaited",
+        409,
+        "Only the pending level-2 intervention (ROLLBACK_REQUESTED, `pendingRollback` in "
+        "GET /runs/{runId}/watchdog) can be acknowledged; `detail` names the one awaited, if any.",
+    ),
+    ProblemType(
+        "watchdog-threshold-out-of-bounds",
+        "A watchdog threshold is out of bounds",
+        422,
+        "Each threshold has fixed bounds (README, TENURE_WATCHDOG_*) and the window must exceed "
+        "the longest period; `detail` says which value is wrong. Nothing was recorded.",
+    ),
+    ProblemType(
+        "watchdog-configurations-exhausted",
+        "The run's watchdog was configured too often",
+        409,
+        "A run may set its watchdog's thresholds a few times only (each is kept on the log).",
+    ),
+    ProblemType(
+        "invalid-observation",
+        "The observation cannot be taken in",
+        422,
+        "The semantic watchdog refused the observation (WD-1): `detail` says which field is wrong.",
+    ),
+)
+
+# The watchdog's rejection codes, mapped like the other aggregates' (each explicitly).
+WATCHDOG_REJECTION_PROBLEMS: dict[str, str] = {
+    WatchdogRejectionCode.INVALID_OBSERVATION: "invalid-observation",
+    WatchdogRejectionCode.INVALID_COMMAND: "validation-failed",
+    WatchdogRejectionCode.THRESHOLD_OUT_OF_BOUNDS: "watchdog-threshold-out-of-bounds",
+    WatchdogRejectionCode.TOO_MANY_CONFIGURATIONS: "watchdog-configurations-exhausted",
+    WatchdogRejectionCode.NO_ROLLBACK_PENDING: "no-rollback-pending",
+    WatchdogRejectionCode.WATCHDOG_NOT_FOUND: "watchdog-not-found",
+    WatchdogRejectionCode.WATCHDOG_DEADLOCKED: "semantic-deadlock",
 }
 
 
@@ -370,6 +452,7 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
     )
 }
 PROBLEM_TYPES.update({p.slug: p for p in TRAJECTORY_PROBLEMS if p.slug not in PROBLEM_TYPES})
+PROBLEM_TYPES.update({p.slug: p for p in WATCHDOG_PROBLEMS if p.slug not in PROBLEM_TYPES})
 PROBLEM_TYPES.update({p.slug: p for p in COMMON_PROBLEMS if p.slug not in PROBLEM_TYPES})
 CATALOG = ProblemCatalog(PROBLEM_TYPES.values())
 

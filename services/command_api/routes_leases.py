@@ -29,6 +29,7 @@ from services.command_api.models import (
 )
 from services.command_api.problems import ApiProblem
 from services.command_api.routes_work import verify_manifest
+from services.command_api.watchdog_delivery import pending_for_runner
 from services.common.auth import Role, require_role
 from services.common.contracts import (
     ArtifactEntry,
@@ -252,6 +253,8 @@ def leases_router(ctx: ApiContext) -> APIRouter:
                 "stopRequested": before.get("status") == "cancelling",
                 "stopKind": stop.get("kind"),
                 "stopGraceUntil": stop.get("graceUntil"),
+                # WD-5: the semantic watchdog's intervention in force for the run, if any.
+                "watchdog": await pending_for_runner(ctx, run_id),
             }
         if isinstance(outcome, Rejected) and outcome.rejection.code == "DUPLICATE_SEQUENCE":
             view = await existing_run(run_id)

@@ -48,6 +48,7 @@ from services.command_api.models import (
     Text,
 )
 from services.command_api.problems import TRAJECTORY_REJECTION_PROBLEMS, ApiProblem, problem_response
+from services.command_api.watchdog_delivery import WATCHDOG_REFUSALS, pending_for_runner, refusal_intervention
 from services.common.auth import Role, require_role
 from services.common.contracts import (
     AbortTrajectory,
@@ -184,7 +185,7 @@ def _header(
     }
 
 
-def _rejection(rejected: Rejected, path: str) -> JSONResponse:
+def _rejection(rejected: Rejected, path: str, **extensions: Any) -> JSONResponse:
     r = rejected.rejection
     return problem_response(
         TRAJECTORY_REJECTION_PROBLEMS.get(r.code, "trajectory-conflict"),
@@ -194,6 +195,7 @@ def _rejection(rejected: Rejected, path: str) -> JSONResponse:
         runId=r.run_id,
         currentStatus=r.current_status,
         commandId=r.causation_id,
+        **extensions,
     )
 
 
@@ -426,7 +428,8 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
         if recorded_step is not None:
             step, dispatch = recorded_step
             keyed.check(dispatch["commandId"], _proposal_fields(step, dispatch), f"a step of run {run_id}")
-            return _step_accepted(_ticket(run_id, step, dispatch, replayed=True), run_id)
+            ticket = _ticket(run_id, step, dispatch, replayed=True)
+            return _step_accepted({**ticket, "watchdog": await pending_for_runner(ctx, run_id)}, run_id)
         if _repeat(keyed, existing, f"a step of run {run_id}"):
             # Decided, but not (yet) as a dispatch of a step: the view names it once caught up.
             return _pending(
@@ -444,6 +447,10 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
             money_used=body.moneyUsed,
         )
         outcome = await ctx.publish_trajectory_and_wait(command, wait_for_view=False)
+        if isinstance(outcome, Rejected) and outcome.rejection.code in WATCHDOG_REFUSALS:
+            # WD-5: the refusal carries the intervention, so the runner sees why before acting.
+            watchdog = await refusal_intervention(ctx, outcome)
+            return _rejection(outcome, request.url.path, watchdog=watchdog)
         if isinstance(outcome, Rejected):
             return _rejection(outcome, request.url.path)
         if isinstance(outcome, PendingCommand):
@@ -465,6 +472,8 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
                 "commandId": command_id,
                 "version": event.version,
                 "replayed": False,
+                # WD-5: the intervention in force (a level-1 interrupt, a pending rollback), if any.
+                "watchdog": await pending_for_runner(ctx, run_id),
             },
             run_id,
         )

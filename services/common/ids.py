@@ -12,11 +12,16 @@ import json
 import re
 from typing import Any
 
+import xxhash
+
 __all__ = [
+    "ACTION_HASH_PATTERN",
     "ATTEMPT_ID_PATTERN",
     "GRANT_ID_PATTERN",
     "INCIDENT_ID_PATTERN",
     "RUN_ID_PATTERN",
+    "STATE_HASH_PATTERN",
+    "action_hash",
     "canonical_json",
     "command_id_for",
     "derived_id",
@@ -68,6 +73,21 @@ def is_incident_id(value: object) -> bool:
 def canonical_json(value: Any) -> str:
     """JSON with sorted keys and no insignificant whitespace: equal values give equal text."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+# WD-4: a step's action is named by a 64-bit xxHash of its tool id and canonical JSON arguments,
+# 16 lowercase hex digits; a state snapshot by the SHA-256 of its canonical form (WD-1).
+ACTION_HASH_PATTERN = r"^[0-9a-f]{16}$"
+STATE_HASH_PATTERN = r"^[0-9a-f]{64}$"
+
+
+def action_hash(tool: str, arguments: Any) -> str:
+    """WD-4: xxHash64 of `tool` + NUL + canonical JSON of `arguments`, as 16 lowercase hex digits.
+
+    The one definition every party uses (the saga for the steps it dispatches and refuses, the
+    gateway, the API and the runner SDK for the steps a runner reports), so that one action has
+    one hash wherever it is seen. The NUL keeps ("a", "bc") apart from ("ab", "c")."""
+    return xxhash.xxh64_hexdigest(f"{tool}\x00{canonical_json(arguments)}".encode())
 
 
 def sha256_digest(text: str) -> str:

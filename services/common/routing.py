@@ -14,14 +14,33 @@ edge must have refused a malformed id already (the API answers 404 or 422); it a
 
 from __future__ import annotations
 
-from services.common.contracts import RunCommand, TrajectoryCommand
+import hashlib
+import re
+
+from services.common.contracts import RunCommand, TrajectoryCommand, WatchdogCommand
+from services.common.contracts.breakers import ENDPOINT_ID_PATTERN, BreakerCommand
 from services.common.ids import is_run_id
 from services.common.kafka import OutboundRecord
 from services.common.messages import MAX_RECORD_BYTES, MessageCodec, record_bytes
 from services.common.poison import RecordTooLarge
-from services.common.topics import RUNS_COMMANDS, TRAJECTORIES_COMMANDS
+from services.common.topics import (
+    BREAKERS_COMMANDS,
+    PROGRESS_OBSERVATIONS,
+    RUNS_COMMANDS,
+    TRAJECTORIES_COMMANDS,
+)
 
-__all__ = ["NotARunId", "RecordTooLarge", "command_record", "partition_for_run", "trajectory_command_record"]
+__all__ = [
+    "NotARunId",
+    "NotAnEndpointId",
+    "RecordTooLarge",
+    "breaker_command_record",
+    "command_record",
+    "observation_record",
+    "partition_for_endpoint",
+    "partition_for_run",
+    "trajectory_command_record",
+]
 
 
 class NotARunId(ValueError):
@@ -53,3 +72,30 @@ def trajectory_command_record(codec: MessageCodec, command: TrajectoryCommand) -
     """A trajectory lives on its run's partition number, routed the same way."""
     partition = partition_for_run(command.run_id)
     return _writable(codec.outbound(TRAJECTORIES_COMMANDS.name, command.run_id, command, partition))
+
+
+def observation_record(codec: MessageCodec, command: WatchdogCommand) -> OutboundRecord:
+    """A run's watchdog lives on its run's partition number too (progress.observations)."""
+    partition = partition_for_run(command.run_id, PROGRESS_OBSERVATIONS.partitions)
+    return _writable(codec.outbound(PROGRESS_OBSERVATIONS.name, command.run_id, command, partition))
+
+
+class NotAnEndpointId(ValueError):
+    """The id handed to routing is not a tool endpoint id; nothing was published."""
+
+
+_ENDPOINT = re.compile(ENDPOINT_ID_PATTERN)
+
+
+def partition_for_endpoint(endpoint: str, partitions: int = BREAKERS_COMMANDS.partitions) -> int:
+    """A breaker's partition: a stable hash of its endpoint id (the same in every process, unlike
+    Python's salted hash()), so every instance's reports of one endpoint reach its one writer."""
+    if not _ENDPOINT.fullmatch(endpoint):
+        raise NotAnEndpointId(f"{endpoint[:80]!r} is not a tool endpoint id")
+    return int.from_bytes(hashlib.sha256(endpoint.encode("utf-8")).digest()[:4], "big") % partitions
+
+
+def breaker_command_record(codec: MessageCodec, command: BreakerCommand) -> OutboundRecord:
+    """A breaker command (BRK-1, BRK-2) on its endpoint's partition of breakers.commands."""
+    partition = partition_for_endpoint(command.run_id)
+    return _writable(codec.outbound(BREAKERS_COMMANDS.name, command.run_id, command, partition))

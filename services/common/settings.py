@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -101,6 +102,44 @@ class TenureSettings(BaseSettings):
     coordinator_health_port: int = Field(default=8301, ge=0, le=65535, description="0 = off")
     projections_health_port: int = Field(default=8302, ge=0, le=65535, description="0 = off")
     saga_health_port: int = Field(default=8303, ge=0, le=65535, description="0 = off")
+    watchdog_health_port: int = Field(default=8304, ge=0, le=65535, description="0 = off")
+    # --- the semantic watchdog's deployment thresholds (WD-2..WD-5; bounds as in
+    # services/watchdog/domain/thresholds.py BOUNDS; a run may override them within the same) ---
+    watchdog_max_period: int = Field(default=8, ge=1, le=32, description="K: longest cycle period.")
+    watchdog_window: int = Field(default=32, ge=2, le=256, description="State hashes kept (> K).")
+    watchdog_epoch_steps: int = Field(default=6, ge=2, le=100, description="E: stagnation epoch.")
+    watchdog_repeat_count: int = Field(default=1, ge=1, le=10, description="Repeats of a failing action.")
+    watchdog_rollback_budget: int = Field(default=1, ge=0, le=5, description="Level-2 rollbacks per run.")
+    watchdog_ladder_epoch: int = Field(default=3, ge=1, le=10, description="Steps within which to escalate.")
+    watchdog_poll_patience: int = Field(default=5, ge=1, le=100, description="Unchanged polls tolerated.")
+    # --- the fleet-wide circuit breakers (BRK-1, BRK-2; services/breakers) ---
+    breakers_health_port: int = Field(default=8305, ge=0, le=65535, description="0 = off")
+    breaker_window: int = Field(default=20, ge=20, le=1000, description="W: outcomes in the ring (>= 20).")
+    breaker_min_calls: int = Field(default=10, ge=1, le=1000, description="Calls before the rate counts.")
+    breaker_failure_rate: float = Field(default=0.5, ge=0.5, le=0.7, description="tau_fail: above it, open.")
+    # The spec's T_cooldown is 30-120 s; shorter values exist for tests and demos.
+    breaker_cooldown_ms: int = Field(default=30_000, ge=500, le=600_000, description="T_cooldown, the first.")
+    breaker_cooldown_max_ms: int = Field(default=120_000, ge=500, le=3_600_000, description="T_cooldown_max.")
+    breaker_slow_call_ms: int = Field(default=0, ge=0, le=600_000, description="Slower calls fail; 0 = off.")
+    breaker_canary_lease_ms: int = Field(default=15_000, ge=100, le=600_000, description="Canary slot lease.")
+    # --- bulkheads per tool domain (BRK-4; services/common/bulkhead.py): concurrency, queue, timeout ---
+    bulkhead_local_concurrency: int = Field(default=64, ge=1, le=1024)
+    bulkhead_local_queue: int = Field(default=64, ge=0, le=10_000)
+    bulkhead_local_timeout_ms: int = Field(default=500, ge=1, le=500, description="Local tools: <= 500 ms.")
+    bulkhead_internal_concurrency: int = Field(default=32, ge=1, le=1024)
+    bulkhead_internal_queue: int = Field(default=64, ge=0, le=10_000)
+    bulkhead_internal_timeout_ms: int = Field(default=2_000, ge=1, le=60_000)
+    bulkhead_external_concurrency: int = Field(default=16, ge=1, le=1024)
+    bulkhead_external_queue: int = Field(default=16, ge=0, le=10_000)
+    bulkhead_external_timeout_ms: int = Field(default=5_000, ge=1, le=300_000)
+    bulkhead_default_domain: Literal["local", "internal", "external"] = Field(
+        default="external", description="The domain of a tool bulkhead_tools does not name."
+    )
+    bulkhead_tools: str = Field(
+        default="",
+        max_length=10_000,
+        description='Per tool: "tool=domain[:concurrency/queue/timeout_ms],...", e.g. "env=internal".',
+    )
     # --- the bundled broker (services.common.broker; `tenure up` when KAFKA_BOOTSTRAP_SERVERS is unset) ---
     kafka_port: int | None = Field(
         default=None, ge=1, le=65535, description="The bundled broker's listener port; unset = a free one."

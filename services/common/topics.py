@@ -12,9 +12,13 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 __all__ = [
+    "BREAKERS_COMMANDS",
+    "BREAKERS_EVENTS",
+    "BREAKERS_REJECTIONS",
     "DEADLETTER",
     "INCIDENTS",
     "POLICY",
+    "PROGRESS_OBSERVATIONS",
     "RUNS_COMMANDS",
     "RUNS_EVENTS",
     "RUNS_REJECTIONS",
@@ -22,6 +26,8 @@ __all__ = [
     "TRAJECTORIES_COMMANDS",
     "TRAJECTORIES_EVENTS",
     "TRAJECTORIES_REJECTIONS",
+    "WATCHDOG_EVENTS",
+    "WATCHDOG_REJECTIONS",
     "TopicSpec",
 ]
 
@@ -103,6 +109,49 @@ INCIDENTS = TopicSpec(
     purpose="Structured incidents of frozen trajectories (REC-7), keyed by runId.",
 )
 
+# The semantic watchdog of a run (WD-1..WD-6) lives on its run's partition number too: its
+# observations, facts and refusals are co-partitioned with the run's trajectory.
+PROGRESS_OBSERVATIONS = TopicSpec(
+    name="progress.observations",
+    partitions=RUNS_COMMANDS.partitions,
+    config={"cleanup.policy": "delete", "retention.ms": _SEVEN_DAYS_MS},
+    purpose="Commands for the Watchdog aggregate: step observations (WD-1), rollback acks; keyed by runId.",
+)
+WATCHDOG_EVENTS = TopicSpec(
+    name="watchdog.events",
+    partitions=RUNS_COMMANDS.partitions,
+    config={"cleanup.policy": "delete", "retention.ms": _FOREVER, "retention.bytes": "-1"},
+    purpose="Facts of the semantic watchdog: observations, detections and interventions; keyed by runId.",
+)
+WATCHDOG_REJECTIONS = TopicSpec(
+    name="watchdog.rejections",
+    partitions=RUNS_COMMANDS.partitions,
+    config={"cleanup.policy": "delete", "retention.ms": _THIRTY_DAYS_MS},
+    purpose="Watchdog commands the semantic watchdog refused (CommandRejected), keyed by runId.",
+)
+
+# One circuit breaker per tool endpoint (BRK-1, BRK-2), keyed by endpoint id and routed by a
+# stable hash of it (services.common.routing `partition_for_endpoint`), not by tenant shard:
+# a breaker protects the whole fleet, whatever run the calls belong to.
+BREAKERS_COMMANDS = TopicSpec(
+    name="breakers.commands",
+    partitions=4,
+    config={"cleanup.policy": "delete", "retention.ms": _SEVEN_DAYS_MS},
+    purpose="Commands for the Breaker aggregate (outcomes, canaries, operator actions), keyed by endpoint.",
+)
+BREAKERS_EVENTS = TopicSpec(
+    name="breakers.events",
+    partitions=BREAKERS_COMMANDS.partitions,
+    config={"cleanup.policy": "delete", "retention.ms": _FOREVER, "retention.bytes": "-1"},
+    purpose="Facts of the circuit breakers: outcomes, openings, canaries, closings; keyed by endpoint.",
+)
+BREAKERS_REJECTIONS = TopicSpec(
+    name="breakers.rejections",
+    partitions=BREAKERS_COMMANDS.partitions,
+    config={"cleanup.policy": "delete", "retention.ms": _THIRTY_DAYS_MS},
+    purpose="Breaker commands the breaker processor refused (CommandRejected), keyed by endpoint.",
+)
+
 TOPICS: tuple[TopicSpec, ...] = (
     RUNS_COMMANDS,
     RUNS_EVENTS,
@@ -113,4 +162,10 @@ TOPICS: tuple[TopicSpec, ...] = (
     TRAJECTORIES_EVENTS,
     TRAJECTORIES_REJECTIONS,
     INCIDENTS,
+    PROGRESS_OBSERVATIONS,
+    WATCHDOG_EVENTS,
+    WATCHDOG_REJECTIONS,
+    BREAKERS_COMMANDS,
+    BREAKERS_EVENTS,
+    BREAKERS_REJECTIONS,
 )

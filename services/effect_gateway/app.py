@@ -22,7 +22,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from services.common.auth import Principal, authenticate, parse_api_keys, warn_if_development_mode
 from services.common.http_guard import HttpGuard
-from services.common.ids import is_attempt_id, is_run_id
+from services.common.ids import ACTION_HASH_PATTERN, is_attempt_id, is_run_id
 from services.common.problem_json import Problem, ProblemCatalog, ProblemType, install_problem_handlers
 from services.common.settings import TenureSettings
 from services.effect_gateway.service import EffectRefused, EffectRequest, Gateway
@@ -81,6 +81,15 @@ GATEWAY_PROBLEMS: tuple[ProblemType, ...] = (
         "The coordinator refused the intent",
         409,
         "The lease coordinator did not record the intent; `code` says why. Nothing was sent.",
+    ),
+    ProblemType(
+        "action-tombstoned",
+        "The action is tombstoned for this run",
+        409,
+        "The semantic watchdog tombstoned this action for the run (WD-5 level 2, ACTION_TOMBSTONED): "
+        "the run kept looping through it. The gateway refuses any effect named by it (`actionHash`: "
+        "the hash given, or that of operation or tool/operation with the payload); nothing was "
+        "recorded or sent.",
     ),
     ProblemType("unknown-tool", "No such tool", 422, "The gateway has no tool of this name (TENURE_TOOLS)."),
     ProblemType(
@@ -172,6 +181,12 @@ class EffectBody(BaseModel):
     tool: Name
     operation: Text
     payload: dict[str, Any] = Field(default_factory=dict)
+    actionHash: str | None = Field(
+        default=None,
+        pattern=ACTION_HASH_PATTERN,
+        description="The action this effect is (services.common.ids.action_hash, WD-4), if the caller "
+        "names it; a tombstoned one is refused (ACTION_TOMBSTONED).",
+    )
 
 
 class VerifyBody(BaseModel):
@@ -248,6 +263,7 @@ def create_app(
                 body.tool,
                 body.operation,
                 body.payload,
+                body.actionHash or "",
             ),
             who,
         )

@@ -1,12 +1,15 @@
 """What the gateway knows of each run, folded from runs.events (pure): epochs, holders, effects.
 
 It also holds the gateway's commit-time authorization rule (LEASE-1): who may act under a lease
-is decided from the same fold, with the same rule as the projections (`holder_principal`).
+is decided from the same fold, with the same rule as the projections (`holder_principal`); and
+the run's tombstoned actions, folded from watchdog.events (WD-5 level 2): an effect whose action
+is tombstoned is refused before anything is recorded or dispatched.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from services.common.auth import Principal
 from services.common.contracts import (
@@ -14,6 +17,7 @@ from services.common.contracts import (
     AttemptReported,
     EffectIntentRecorded,
     EffectOutcomeRecorded,
+    InterventionIssued,
     LeaseExpired,
     LeaseTakenOver,
     RunEvent,
@@ -21,8 +25,18 @@ from services.common.contracts import (
     RunInterrupted,
     holder_principal,
 )
+from services.common.ids import action_hash
 
-__all__ = ["FencingView", "Refusal", "authorize_effect", "authorize_verify", "fold_fencing"]
+__all__ = [
+    "FencingView",
+    "Refusal",
+    "authorize_effect",
+    "authorize_verify",
+    "effect_action_hashes",
+    "fold_fencing",
+    "fold_tombstones",
+    "tombstoned_action",
+]
 
 
 @dataclass(frozen=True)
@@ -112,3 +126,37 @@ def authorize_verify(caller: Principal | None, view: FencingView) -> Refusal | N
             "not-lease-holder", f"{caller.name} does not hold the current lease of run {view.run_id}"
         )
     return None
+
+
+# --- tombstones (WD-5 level 2) ------------------------------------------------------------------
+
+
+def fold_tombstones(tombstones: frozenset[str], event: InterventionIssued) -> frozenset[str]:
+    """A run's tombstoned action hashes after `event`: level 2 and 3 name the action they mask
+    for the run (level 1 only refuses the runner's next proposal, at the orchestrator)."""
+    if event.level >= 2 and event.action_hash:
+        return tombstones | {event.action_hash}
+    return tombstones
+
+
+def effect_action_hashes(
+    tool: str, operation: str, payload: dict[str, Any], given: str = ""
+) -> frozenset[str]:
+    """The names an effect's action may go by (services.common.ids.action_hash, WD-4):
+
+    * `given`: the hash the caller says the effect is (the saga sends its step's);
+    * hash(operation, payload): the action as the saga names a step of the reference catalog,
+      whose tool names are the gateway operations (services/sim_environment/tools.json);
+    * hash(f"{tool}/{operation}", payload): the gateway's own name for it, the one a runner
+      reports for an effect it sends itself (services.runner_sdk.effect_action_hash).
+    """
+    names = {action_hash(operation, payload), action_hash(f"{tool}/{operation}", payload)}
+    if given:
+        names.add(given)
+    return frozenset(names)
+
+
+def tombstoned_action(tombstones: frozenset[str], names: frozenset[str]) -> str | None:
+    """The tombstoned hash among an effect's `names`, or None."""
+    hit = sorted(names & tombstones)
+    return hit[0] if hit else None

@@ -1,7 +1,10 @@
-"""The gateway's moving parts: the follower of runs.events and the effect protocol.
+"""The gateway's moving parts: the follower of runs.events and watchdog.events, and the effect protocol.
 
 Protocol for one effect (numbered, because a crash can cut it anywhere):
-  1. Refuse at once if the run's epoch, as folded from the log, is above the caller's.
+  1. Refuse at once if the run's epoch, as folded from the log, is above the caller's, or if
+     the effect's action is tombstoned for the run by the semantic watchdog (WD-5 level 2,
+     ACTION_TOMBSTONED): nothing is recorded, nothing is sent. An effect the log already
+     records as settled is answered as before (nothing is dispatched for it).
   2. Record the intent through the coordinator (RecordEffectIntent): the coordinator checks the
      attempt and epoch against the lease it owns, so a holder replaced by a takeover is refused
      even if this gateway has not yet seen the takeover. Nothing is sent before this is durable.
@@ -25,20 +28,23 @@ from typing import Any
 from services.common.auth import Principal
 from services.common.backoff import Backoff
 from services.common.clock import SystemClock
-from services.common.contracts import EVENT_TYPES, RecordEffectIntent, RecordEffectOutcome
+from services.common.contracts import EVENT_TYPES, InterventionIssued, RecordEffectIntent, RecordEffectOutcome
 from services.common.decisions import DecisionListener, Rejected, publish_and_await
 from services.common.ids import derived_id
 from services.common.kafka import CommandPublisher, TopicFollower
 from services.common.messages import MessageCodec, UndecodableRecord
 from services.common.problem_json import Problem
 from services.common.routing import command_record
-from services.common.topics import RUNS_EVENTS
+from services.common.topics import RUNS_EVENTS, WATCHDOG_EVENTS
 from services.effect_gateway.fencing import (
     FencingView,
     Refusal,
     authorize_effect,
     authorize_verify,
+    effect_action_hashes,
     fold_fencing,
+    fold_tombstones,
+    tombstoned_action,
 )
 from services.effect_gateway.tools import ToolAnswer, ToolRegistry, ToolUnreachable
 
@@ -60,6 +66,8 @@ ACTOR = "tenure-effect-gateway"
 CATCH_UP_WAIT_S = 2.0
 # How long start-up keeps asking for the end of runs.events before the process gives up.
 _START_RETRY_S = 30.0
+# What the follower folds: the leases (fencing) and the watchdog's interventions (tombstones).
+FOLLOWED = (RUNS_EVENTS.name, WATCHDOG_EVENTS.name)
 # The coordinator's refusals of an intent that the gateway passes on as they are (409).
 COORDINATOR_REFUSALS = frozenset(
     {"stale-epoch", "unknown-attempt", "lease-expired", "lease-revoked", "lease-released", "run-not-found"}
@@ -83,6 +91,8 @@ class EffectRequest:
     tool: str
     operation: str
     payload: dict[str, Any]
+    # The action hash the caller names the effect by (WD-4; the saga sends its step's), or "".
+    action_hash: str = ""
 
 
 @dataclass(frozen=True)
@@ -110,30 +120,33 @@ class Gateway:
         self._tools = tools
         self._timeout = decision_timeout_s
         self._views: dict[str, FencingView] = {}
+        self._tombstones: dict[str, frozenset[str]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._caught_up = threading.Event()
-        self._follower = TopicFollower(bootstrap_servers, [RUNS_EVENTS.name], "beginning", "tenure-gateway")
-        self._targets = {p: end for p, end in self._end_offsets().items() if end > 0}
+        self._follower = TopicFollower(bootstrap_servers, list(FOLLOWED), "beginning", "tenure-gateway")
+        self._targets = {
+            (topic, p): end for topic in FOLLOWED for p, end in self._end_offsets(topic).items() if end > 0
+        }
         self._follow_failure: str | None = None
         self._publisher = CommandPublisher(bootstrap_servers, client_id="tenure-effect-gateway")
         self._decisions = DecisionListener(bootstrap_servers, self._codec)
         self._thread = threading.Thread(target=self._follow, name="gateway-follower", daemon=True)
         self._thread.start()
 
-    def _end_offsets(self) -> dict[int, int]:
-        """Where runs.events ends now. Right after the topics are created (or while a leader
+    def _end_offsets(self, topic: str) -> dict[int, int]:
+        """Where `topic` ends now. Right after the topics are created (or while a leader
         moves) the broker may not answer yet: retry with backoff for a while before giving up."""
         backoff = Backoff(base_s=0.1, cap_s=2.0)
         deadline = time.monotonic() + _START_RETRY_S
         while True:
             try:
-                return self._follower.end_offsets(RUNS_EVENTS.name)
+                return self._follower.end_offsets(topic)
             except Exception as exc:
                 if time.monotonic() >= deadline:
                     raise
                 if backoff.attempt == 0:
-                    log.warning("cannot read the end of %s yet (%s); retrying", RUNS_EVENTS.name, exc)
+                    log.warning("cannot read the end of %s yet (%s); retrying", topic, exc)
                 time.sleep(backoff.next_delay())
 
     # --- following the log --------------------------------------------------------------------
@@ -167,14 +180,29 @@ class Gateway:
             if isinstance(event, EVENT_TYPES):
                 with self._lock:
                     self._views[event.run_id] = fold_fencing(self._views.get(event.run_id), event)
+            elif isinstance(event, InterventionIssued):
+                self.tombstone(event)
         if not self._caught_up.is_set():
-            positions = self._follower.positions(RUNS_EVENTS.name)
-            if all(positions.get(p, -1) >= end for p, end in self._targets.items()):
+            positions = {
+                (topic, p): at for topic in FOLLOWED for p, at in self._follower.positions(topic).items()
+            }
+            if all(positions.get(k, -1) >= end for k, end in self._targets.items()):
                 self._caught_up.set()
+
+    def tombstone(self, event: InterventionIssued) -> None:
+        """Fold one of the watchdog's interventions (WD-5): level 2 and 3 tombstone an action."""
+        with self._lock:
+            before = self._tombstones.get(event.run_id, frozenset())
+            self._tombstones[event.run_id] = fold_tombstones(before, event)
+
+    def tombstones(self, run_id: str) -> frozenset[str]:
+        with self._lock:
+            return self._tombstones.get(run_id, frozenset())
 
     @property
     def ready(self) -> bool:
-        """Caught up with runs.events: the fold may be trusted to refuse a stale epoch."""
+        """Caught up with runs.events and watchdog.events: the fold may be trusted to refuse a
+        stale epoch and a tombstoned action."""
         return self._caught_up.is_set()
 
     def readiness(self) -> dict[str, dict[str, Any]]:
@@ -185,8 +213,8 @@ class Gateway:
         unreachable = self._publisher.reachable()
         decisions = self._decisions.health()
         return {
-            "caughtUp": _check(self.ready, f"{RUNS_EVENTS.name} read to its end as of start-up"),
-            "following": _check(following, self._follow_failure or f"following {RUNS_EVENTS.name}"),
+            "caughtUp": _check(self.ready, f"{' and '.join(FOLLOWED)} read to their end as of start-up"),
+            "following": _check(following, self._follow_failure or f"following {', '.join(FOLLOWED)}"),
             "kafka": _check(unreachable is None, unreachable or "the publisher reaches a broker"),
             "decisions": _check(decisions.ready, decisions.detail),
         }
@@ -234,6 +262,10 @@ class Gateway:
             )
         effect_id = effect_id_for(request.run_id, request.idempotency_key)
         known = view.effects.get(effect_id)
+        if known not in ("committed", "failed"):
+            # An effect already settled is answered as it was below; anything else would be a
+            # new dispatch of the action, which a tombstone forbids (WD-5 level 2).
+            self._refuse_tombstoned(request)
         if known == "committed":
             # The caller may have lost the first answer (a crash after the effect): give it the
             # recipient's stored result again, or it could not bind a compensator to it.
@@ -250,6 +282,25 @@ class Gateway:
             if reconciled is not None:
                 return reconciled
         return await self._dispatch(request, effect_id)
+
+    def _refuse_tombstoned(self, request: EffectRequest) -> None:
+        names = effect_action_hashes(request.tool, request.operation, request.payload, request.action_hash)
+        hit = tombstoned_action(self.tombstones(request.run_id), names)
+        if hit is None:
+            return
+        log.warning(
+            "effect refused: action %s is tombstoned",
+            hit,
+            extra={"fields": {"runId": request.run_id, "reason": "action-tombstoned"}},
+        )
+        raise EffectRefused(
+            "action-tombstoned",
+            f"{request.tool} {request.operation} with this payload (action {hit}) was tombstoned for run "
+            f"{request.run_id} by the semantic watchdog (WD-5 level 2); nothing was recorded or sent",
+            code="ACTION_TOMBSTONED",
+            runId=request.run_id,
+            actionHash=hit,
+        )
 
     async def _stored_result(self, request: EffectRequest) -> dict[str, Any] | None:
         try:

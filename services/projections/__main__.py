@@ -1,4 +1,4 @@
-"""`python -m services.projections [follow|rebuild]`: the Run and trajectory view projector."""
+"""`python -m services.projections [follow|rebuild]`: the Run, trajectory and watchdog view projector."""
 
 from __future__ import annotations
 
@@ -12,9 +12,17 @@ from services.common.logs import configure_logging
 from services.common.messages import MessageCodec
 from services.common.settings import TenureSettings
 from services.common.store import RocksStore
-from services.projections.service import FollowProgress, follow, rebuild, rebuild_trajectories, views_path
+from services.projections.service import (
+    FollowProgress,
+    follow,
+    rebuild,
+    rebuild_trajectories,
+    rebuild_watchdogs,
+    views_path,
+)
 from services.projections.store import RunViewStore
 from services.projections.trajectory_store import TrajectoryViewStore
+from services.projections.watchdog_store import WatchdogViewStore
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         sagas = rebuild_trajectories(bootstrap, TrajectoryViewStore(store, codec), progress)
         bar.close()
         print(f"rebuilt {sagas.runs} trajectory views from {sagas.events} events in {sagas.seconds:.2f}s")
+        bar = tqdm(unit="event", desc="rebuilding watchdog views")
+        dogs = rebuild_watchdogs(bootstrap, WatchdogViewStore(store, codec), progress)
+        bar.close()
+        print(f"rebuilt {dogs.runs} watchdog views from {dogs.events} events in {dogs.seconds:.2f}s")
         return 0
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -1,9 +1,9 @@
-"""The projector: follows runs.events and trajectories.events into their view stores.
+"""The projector: follows runs.events, trajectories.events and watchdog.events into their view stores.
 
-Both kinds of view live in one RocksDB (the API follows it as a secondary); each topic is
+Every kind of view lives in one RocksDB (the API follows it as a secondary); each topic is
 followed by its own consumer from the offsets stored with its views, run views on the calling
-thread and trajectory views on a second one, so neither waits for the other's polls.
-`rebuild` / `rebuild_trajectories` refold a topic from offset 0.
+thread and trajectory and watchdog views on threads of their own, so none waits for another's
+polls. `rebuild` / `rebuild_trajectories` / `rebuild_watchdogs` refold a topic from offset 0.
 
 `FollowProgress` is what the projector's /readyz reports: each topic folded up to where it
 ended when its follower started (the views are current), and no follower failed.
@@ -22,11 +22,20 @@ from services.common.health import Check, ProjectionMetrics
 from services.common.kafka import CommandPublisher, InboundRecord, TopicFollower
 from services.common.messages import MessageCodec, UndecodableRecord, deadletter_record
 from services.common.store import RocksStore
-from services.common.topics import DEADLETTER, RUNS_EVENTS, TRAJECTORIES_EVENTS
+from services.common.topics import DEADLETTER, RUNS_EVENTS, TRAJECTORIES_EVENTS, WATCHDOG_EVENTS
 from services.projections.store import RunViewStore
 from services.projections.trajectory_store import TrajectoryViewStore
+from services.projections.watchdog_store import WatchdogViewStore
 
-__all__ = ["FollowProgress", "RebuildReport", "follow", "rebuild", "rebuild_trajectories", "views_path"]
+__all__ = [
+    "FollowProgress",
+    "RebuildReport",
+    "follow",
+    "rebuild",
+    "rebuild_trajectories",
+    "rebuild_watchdogs",
+    "views_path",
+]
 
 log = logging.getLogger("tenure.projections")
 
@@ -43,7 +52,10 @@ class FollowProgress:
     Written by the follower threads, read by the health server's thread: each write replaces a
     value in a dict, which a reader sees whole."""
 
-    def __init__(self, topics: tuple[str, ...] = (RUNS_EVENTS.name, TRAJECTORIES_EVENTS.name)) -> None:
+    def __init__(
+        self,
+        topics: tuple[str, ...] = (RUNS_EVENTS.name, TRAJECTORIES_EVENTS.name, WATCHDOG_EVENTS.name),
+    ) -> None:
         self._behind: dict[str, int | None] = dict.fromkeys(topics)
         self._failure: str | None = None
         self._store_open = False
@@ -85,7 +97,7 @@ def follow(
 ) -> None:
     """Fold new events until `stop` is set, resuming from the offsets stored with the views.
 
-    A failure of either follower (e.g. a version gap) stops both and is raised here."""
+    A failure of any follower (e.g. a version gap) stops them all and is raised here."""
     progress = progress or FollowProgress()
     metrics = metrics or ProjectionMetrics()
     store = RocksStore(path)
@@ -93,6 +105,7 @@ def follow(
     codec = MessageCodec()
     views = RunViewStore(store, codec)
     trajectories = TrajectoryViewStore(store, codec)
+    watchdogs = WatchdogViewStore(store, codec)
     publisher = CommandPublisher(bootstrap_servers, client_id="tenure-projections-deadletter")
 
     def dead_letter(record: InboundRecord, error: UndecodableRecord) -> None:
@@ -113,27 +126,47 @@ def follow(
     halt = threading.Event()
     failures: list[BaseException] = []
 
-    def trajectory_loop() -> None:
+    def side_loop(topic: str, offsets: dict[int, int], apply: _Apply, client_id: str) -> None:
         try:
             _follow_topic(
                 bootstrap_servers,
-                TRAJECTORIES_EVENTS.name,
-                trajectories.offsets(),
-                trajectories.apply,
+                topic,
+                offsets,
+                apply,
                 dead_letter,
-                "tenure-projections-trajectories",
+                client_id,
                 lambda: stop.is_set() or halt.is_set(),
                 progress,
                 metrics,
             )
         except BaseException as exc:
-            log.exception("the trajectory view follower failed")
+            log.exception("the %s view follower failed", topic)
             failures.append(exc)
-            progress.failed(f"the {TRAJECTORIES_EVENTS.name} follower failed: {type(exc).__name__}: {exc}")
+            progress.failed(f"the {topic} follower failed: {type(exc).__name__}: {exc}")
             halt.set()
 
-    worker = threading.Thread(target=trajectory_loop, name="trajectory-views", daemon=True)
-    worker.start()
+    # (topic, its stored offsets, its store's apply, consumer client id, thread name)
+    sides: list[tuple[str, dict[int, int], _Apply, str, str]] = [
+        (
+            TRAJECTORIES_EVENTS.name,
+            trajectories.offsets(),
+            trajectories.apply,
+            "tenure-projections-trajectories",
+            "trajectory-views",
+        ),
+        (
+            WATCHDOG_EVENTS.name,
+            watchdogs.offsets(),
+            watchdogs.apply,
+            "tenure-projections-watchdogs",
+            "watchdog-views",
+        ),
+    ]
+    workers = [
+        threading.Thread(target=side_loop, args=side[:4], name=side[4], daemon=True) for side in sides
+    ]
+    for worker in workers:
+        worker.start()
     try:
         _follow_topic(
             bootstrap_servers,
@@ -151,7 +184,8 @@ def follow(
         raise
     finally:
         halt.set()
-        worker.join(10)
+        for worker in workers:
+            worker.join(10)
         publisher.close()
     if failures:
         raise failures[0]
@@ -229,6 +263,18 @@ def rebuild_trajectories(
     started = time.monotonic()
     views.clear()
     seen = _refold(bootstrap_servers, TRAJECTORIES_EVENTS.name, views.apply, progress, started)
+    return RebuildReport(events=seen, runs=len(views.all_views()), seconds=time.monotonic() - started)
+
+
+def rebuild_watchdogs(
+    bootstrap_servers: str,
+    views: WatchdogViewStore,
+    progress: Callable[[int, int], None] | None = None,
+) -> RebuildReport:
+    """Clear the watchdog views and fold watchdog.events from offset 0 (`runs`: watchdogs)."""
+    started = time.monotonic()
+    views.clear()
+    seen = _refold(bootstrap_servers, WATCHDOG_EVENTS.name, views.apply, progress, started)
     return RebuildReport(events=seen, runs=len(views.all_views()), seconds=time.monotonic() - started)
 
 

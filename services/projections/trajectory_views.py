@@ -280,8 +280,20 @@ def render_trajectory(fold: TrajectoryFold) -> dict[str, Any]:
         "incident": current_incident,
         "incidents": [dict(i) for i in fold.incidents],
         "recentCommands": [dict(c) for c in fold.recent_commands],
+        "watchdog": _watchdog(state),
         "startedAt": fold.started_at,
         "updatedAt": fold.updated_at,
+    }
+
+
+def _watchdog(state: TrajectoryState) -> dict[str, Any]:
+    """What the semantic watchdog's interventions (WD-5) made of this trajectory: the action a
+    level-1 interrupt refuses next, the tombstoned actions, the deadlock, the latest rung."""
+    return {
+        "interruptAction": state.interrupt_action or None,
+        "tombstones": list(state.tombstones),
+        "semanticDeadlock": state.semantic_deadlock,
+        "intervention": _parsed(state.watchdog_intervention),
     }
 
 

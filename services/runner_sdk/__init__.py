@@ -14,8 +14,25 @@ stops and confirms with `keeper.finish("cancelled")`.
 
 A run whose steps are a saga (SAGA-1..7) goes through TrajectoryClient (trajectory.py): the
 runner proposes each step and the orchestrator dispatches, compensates and recovers.
+
+The semantic watchdog (WD-1..WD-6) judges whether the run progresses: WatchdogClient
+(watchdog.py) reports the runner's own steps with the hash of its state (canonical.py),
+`on_intervention` (interventions.py) hears the ladder's rungs on proposal and heartbeat answers,
+and LoopGuard with Checkpoints (checkpoints.py) keeps a checkpoint per step and rolls back to
+the one before a cycle when told (level 2), acknowledging it.
 """
 
+from services.runner_sdk.canonical import (
+    DEFAULT_IGNORED,
+    DEFAULT_JSON_FILES,
+    DEFAULT_VOLATILE_KEYS,
+    canonical_document,
+    canonical_text,
+    json_state_hash,
+    state_hash,
+    tree_snapshot,
+    tree_state_hash,
+)
 from services.runner_sdk.certainty import (
     TERMINAL_CERTAINTIES,
     TRANSITIONS,
@@ -26,6 +43,14 @@ from services.runner_sdk.certainty import (
     check_transition,
     is_allowed,
 )
+from services.runner_sdk.checkpoints import (
+    RUN_START,
+    Checkpoint,
+    CheckpointMissing,
+    Checkpoints,
+    LoopGuard,
+    Restored,
+)
 from services.runner_sdk.client import (
     REPORT_OUTCOMES,
     EffectResult,
@@ -35,6 +60,7 @@ from services.runner_sdk.client import (
     TenureClient,
 )
 from services.runner_sdk.errors import (
+    ActionTombstoned,
     FencedByRecipient,
     InvalidCertaintyTransition,
     LeaseConflict,
@@ -51,6 +77,13 @@ from services.runner_sdk.errors import (
     ToolFailed,
     UnexpectedResponse,
 )
+from services.runner_sdk.interventions import (
+    DEADLOCK,
+    INTERRUPT,
+    ROLLBACK,
+    Intervention,
+    InterventionInbox,
+)
 from services.runner_sdk.keeper import LeaseKeeper, StopRequest
 from services.runner_sdk.trajectory import (
     IN_FLIGHT_STATUSES,
@@ -61,16 +94,35 @@ from services.runner_sdk.trajectory import (
     TrajectoryClient,
     TrajectoryRejected,
 )
+from services.runner_sdk.watchdog import (
+    ObservationReceipt,
+    WatchdogClient,
+    action_hash,
+    effect_action_hash,
+)
 
 __all__ = [
+    "DEADLOCK",
+    "DEFAULT_IGNORED",
+    "DEFAULT_JSON_FILES",
+    "DEFAULT_VOLATILE_KEYS",
+    "INTERRUPT",
     "IN_FLIGHT_STATUSES",
     "REPORT_OUTCOMES",
+    "ROLLBACK",
+    "RUN_START",
     "TERMINAL_CERTAINTIES",
     "TRANSITIONS",
+    "ActionTombstoned",
     "Certainty",
     "CertaintyTracker",
+    "Checkpoint",
+    "CheckpointMissing",
+    "Checkpoints",
     "EffectResult",
     "FencedByRecipient",
+    "Intervention",
+    "InterventionInbox",
     "InvalidCertaintyTransition",
     "JournalEntry",
     "JournalKind",
@@ -81,10 +133,13 @@ __all__ = [
     "LeaseLike",
     "LeaseLost",
     "LeaseReleased",
+    "LoopGuard",
+    "ObservationReceipt",
     "OutcomeUnknown",
     "RenewalAnswer",
     "ReportOutcome",
     "RequestRejected",
+    "Restored",
     "RunNotClaimable",
     "RunNotFound",
     "StepOutcome",
@@ -99,6 +154,15 @@ __all__ = [
     "TrajectoryClient",
     "TrajectoryRejected",
     "UnexpectedResponse",
+    "WatchdogClient",
+    "action_hash",
+    "canonical_document",
+    "canonical_text",
     "check_transition",
+    "effect_action_hash",
     "is_allowed",
+    "json_state_hash",
+    "state_hash",
+    "tree_snapshot",
+    "tree_state_hash",
 ]

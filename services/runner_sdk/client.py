@@ -10,7 +10,7 @@ never as a refusal.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 from urllib.parse import quote
@@ -18,6 +18,7 @@ from urllib.parse import quote
 import httpx
 
 from services.runner_sdk.errors import (
+    ActionTombstoned,
     FencedByRecipient,
     LeaseConflict,
     OutcomeUnknown,
@@ -29,6 +30,7 @@ from services.runner_sdk.errors import (
     ToolFailed,
     UnexpectedResponse,
 )
+from services.runner_sdk.interventions import Intervention, as_inbox
 
 __all__ = [
     "REPORT_OUTCOMES",
@@ -86,6 +88,9 @@ class RenewalAnswer:
     stop_kind: str | None = None
     stop_grace_until: int | None = None
     replayed: bool = False
+    # WD-5: the semantic watchdog's intervention in force for the run (also handed to the
+    # client's on_intervention, once per intervention).
+    watchdog: Intervention | None = None
 
 
 @dataclass(frozen=True)
@@ -112,7 +117,9 @@ class TenureClient:
 
     `api_key` goes to both as `Authorization: Bearer <key>`: the gateway authenticates like the
     API and lets only the lease's holder principal act under it. `transport` exists for tests
-    (httpx.MockTransport) and custom networking.
+    (httpx.MockTransport) and custom networking. `on_intervention` is called once per semantic
+    watchdog intervention a heartbeat answer carries (WD-5; an InterventionInbox shares that
+    memory with the run's other clients).
     """
 
     def __init__(
@@ -123,6 +130,7 @@ class TenureClient:
         timeout_s: float = 10.0,
         *,
         transport: httpx.BaseTransport | None = None,
+        on_intervention: Callable[[Intervention], None] | None = None,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
@@ -130,6 +138,7 @@ class TenureClient:
         self._gateway_url = gateway_url.rstrip("/")
         self.timeout_s = timeout_s
         self._http = api_http_client(api_key, timeout_s, transport)
+        self.interventions = as_inbox(on_intervention)
 
     def close(self) -> None:
         self._http.close()
@@ -196,6 +205,7 @@ class TenureClient:
             stop_kind=_optional(answer, "stopKind", str),
             stop_grace_until=_optional_int(answer, "stopGraceUntil"),
             replayed=_optional(answer, "replayed", bool) or False,
+            watchdog=self.interventions.notice(answer),
         )
 
     def report(
@@ -240,11 +250,15 @@ class TenureClient:
         payload: Mapping[str, Any],
         *,
         timeout_s: float | None = None,
+        action_hash: str | None = None,
     ) -> EffectResult:
         """POST /effects under the lease's epoch (LEASE-3).
 
         Raises LeaseConflict / FencedByRecipient (409), ToolFailed (502), OutcomeUnknown (504) or
         TenureUnavailable; after the last two, retry with the same idempotency key (EXE-6).
+        ActionTombstoned (409) when the semantic watchdog tombstoned the action (WD-5);
+        `action_hash` names the action the effect is, if the runner reports it by another name
+        than the gateway's own (services.runner_sdk.effect_action_hash).
         """
         if not idempotency_key:
             raise ValueError("an effect needs an idempotency key so a retry never repeats it (EXE-6)")
@@ -257,6 +271,8 @@ class TenureClient:
             "operation": operation,
             "payload": dict(payload),
         }
+        if action_hash is not None:
+            body["actionHash"] = action_hash
         answer = self._post("effect", f"{self._gateway_url}/effects", body, timeout_s=timeout_s)
         return EffectResult(
             effect_id=_field(answer, "effectId", str),
@@ -326,6 +342,8 @@ def _problem(operation: _Operation, response: httpx.Response) -> Exception:
         if status == 409:
             return RunNotClaimable(status, slug or "run-not-claimable", detail, body)
     elif status == 409:
+        if slug == "action-tombstoned":
+            return ActionTombstoned(status, slug, detail, body)  # the lease is still held
         if slug == "fenced-by-recipient":
             return FencedByRecipient(status, slug, detail, body)
         return LeaseConflict(status, slug or "conflict", detail, body)

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
+    "ActionTombstoned",
     "FencedByRecipient",
     "InvalidCertaintyTransition",
     "LeaseConflict",
@@ -47,6 +48,16 @@ class TenureProblem(TenureRunnerError):
 
 class RequestRejected(TenureProblem):
     """A 4xx that is neither a lease conflict nor a claim refusal (validation, auth, not found)."""
+
+
+class ActionTombstoned(RequestRejected):
+    """409 action-tombstoned: the semantic watchdog tombstoned this action for the run (WD-5
+    level 2); the gateway and the orchestrator refuse it from now on. Not a lease conflict: the
+    lease is still held; choose another action."""
+
+    @property
+    def action_hash(self) -> str:
+        return str(self.body.get("actionHash") or "")
 
 
 class RunNotFound(TenureProblem):

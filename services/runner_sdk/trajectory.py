@@ -38,6 +38,7 @@ from services.runner_sdk.errors import (
     TenureUnavailable,
     UnexpectedResponse,
 )
+from services.runner_sdk.interventions import Intervention, as_inbox
 
 __all__ = [
     "IN_FLIGHT_STATUSES",
@@ -82,6 +83,12 @@ class TrajectoryRejected(RequestRejected):
     def code(self) -> str:
         return str(self.body.get("code") or self.problem_type)
 
+    @property
+    def watchdog(self) -> Intervention | None:
+        """The semantic watchdog's intervention behind a STATE_OSCILLATION_DETECTED,
+        ACTION_TOMBSTONED or ERR_SEMANTIC_DEADLOCK refusal (WD-5)."""
+        return Intervention.from_json(self.body.get("watchdog"))
+
 
 class StepWaitTimeout(TenureRunnerError):
     """The step was still in flight when wait_for_step gave up (nothing is known to have failed)."""
@@ -105,6 +112,8 @@ class StepTicket:
     status: str
     command_id: str
     replayed: bool
+    # WD-5: the semantic watchdog's intervention in force when the step was accepted, if any.
+    watchdog: Intervention | None = None
 
 
 @dataclass(frozen=True)
@@ -131,6 +140,8 @@ class TrajectoryClient:
     """HTTP client for the trajectory routes of the command API (`api_url`).
 
     `jitter` (a draw in [0, 1)) and `sleep` are the polling backoff's, injectable for tests.
+    `on_intervention` is called once per semantic watchdog intervention a proposal's answer (or
+    refusal) carries (WD-5; pass the InterventionInbox of the run's other clients to share it).
     """
 
     def __init__(
@@ -142,6 +153,7 @@ class TrajectoryClient:
         transport: httpx.BaseTransport | None = None,
         jitter: Callable[[], float] = random.random,
         sleep: Callable[[float], None] = time.sleep,
+        on_intervention: Callable[[Intervention], None] | None = None,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
@@ -149,6 +161,7 @@ class TrajectoryClient:
         self._http = api_http_client(api_key, timeout_s, transport)
         self._jitter = jitter
         self._sleep = sleep
+        self.interventions = as_inbox(on_intervention)
 
     def close(self) -> None:
         self._http.close()
@@ -196,7 +209,11 @@ class TrajectoryClient:
         money_used: float = 0.0,
         idempotency_key: str | None = None,
     ) -> StepTicket:
-        """POST /runs/{runId}/trajectory/steps: the next step, or with `repair_of` a repair."""
+        """POST /runs/{runId}/trajectory/steps: the next step, or with `repair_of` a repair.
+
+        A refusal by the semantic watchdog (TrajectoryRejected, `code` STATE_OSCILLATION_DETECTED,
+        ACTION_TOMBSTONED or ERR_SEMANTIC_DEADLOCK) carries the intervention (`exc.watchdog`),
+        handed to on_intervention before it is raised."""
         body: dict[str, Any] = {
             **_lease_fields(lease),
             "tool": tool,
@@ -207,7 +224,11 @@ class TrajectoryClient:
         }
         if repair_of is not None:
             body["repairOf"] = repair_of
-        answer = self._post("propose", f"{self._path(lease.run_id)}/steps", body, idempotency_key)
+        try:
+            answer = self._post("propose", f"{self._path(lease.run_id)}/steps", body, idempotency_key)
+        except TrajectoryRejected as exc:
+            self.interventions.notice(exc.body)  # WD-5: the runner hears why before it acts again
+            raise
         return StepTicket(
             run_id=_field(answer, "runId", str),
             step_index=_int(answer, "stepIndex"),
@@ -217,6 +238,7 @@ class TrajectoryClient:
             status=_field(answer, "status", str),
             command_id=_field(answer, "commandId", str),
             replayed=bool(answer.get("replayed")),
+            watchdog=self.interventions.notice(answer),
         )
 
     def trajectory(

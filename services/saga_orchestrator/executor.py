@@ -289,20 +289,20 @@ class SagaExecutor:
         tool: str,
         operation: str,
         payload: dict[str, Any],
+        action_hash: str = "",
     ) -> tuple[int, dict[str, Any]]:
-        response = self._call(
-            "POST",
-            "/effects",
-            json={
-                "runId": run_id,
-                "attemptId": attempt_id,
-                "epoch": epoch,
-                "idempotencyKey": key,
-                "tool": tool,
-                "operation": operation,
-                "payload": payload,
-            },
-        )
+        body: dict[str, Any] = {
+            "runId": run_id,
+            "attemptId": attempt_id,
+            "epoch": epoch,
+            "idempotencyKey": key,
+            "tool": tool,
+            "operation": operation,
+            "payload": payload,
+        }
+        if action_hash:
+            body["actionHash"] = action_hash  # a tombstoned step is refused at the gateway too
+        response = self._call("POST", "/effects", json=body)
         return response.status_code, _json(response)
 
     def _dispatch(self, work: DispatchStep) -> RecordStepOutcome:
@@ -314,6 +314,7 @@ class SagaExecutor:
             work.gateway_tool,
             work.operation,
             work.params,
+            work.action_hash,
         )
         fields: dict[str, Any] = {}
         if status == 200 and body.get("outcome") == "committed":
@@ -457,10 +458,10 @@ class SagaExecutor:
         )
 
     def _revoke(self, work: RevokeLease) -> RecordLeaseRevocation:
-        """REC-7: revoke the run's lease (a takeover bumps the epoch, fencing the runner out)."""
+        """REC-7, WD-5: revoke the run's lease (a takeover bumps the epoch, fencing the runner out)."""
         takeover = TakeOverLease(
             **self._header(work.run_id, derived_id("cmd", work.incident_id, "revoke")),
-            reason=f"REC-7 incident {work.incident_id}: {work.reason}",
+            reason=work.reason,
             new_holder=ACTOR,
             holder_kind="runner",
         )

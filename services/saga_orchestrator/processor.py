@@ -11,13 +11,16 @@ processor.py). What is the Trajectory's own:
   * side outputs (REC-7): an IncidentResolved is copied to tenure.incidents inside the batch's
     transaction; an IncidentOpened naming the exact offset of each TrajectoryFrozen is published
     after the commit and again when a restore folds it (consumers drop repeats by incidentId);
-  * the executor's hook: the changed trajectories are handed to it after the store write.
+  * the executor's hook: the changed trajectories are handed to it after the store write;
+  * the semantic watchdog's input (WD-1): an ObserveStep for every step outcome it records
+    (StepCommitted, StepFailed), on progress.observations in the same transaction.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -33,11 +36,13 @@ from services.common.aggregate import (
 from services.common.aggregate import BatchOutcome as _BatchOutcome
 from services.common.clock import Clock
 from services.common.contracts import (
+    MAX_SUMMARY_CHARS,
     TRAJECTORY_COMMAND_TYPES,
     TRAJECTORY_EVENT_TYPES,
     CommandRejected,
     IncidentOpened,
     IncidentResolved,
+    ObserveStep,
     StepCommitted,
     StepFailed,
     TrajectoryCommand,
@@ -46,8 +51,10 @@ from services.common.contracts import (
 )
 from services.common.eventlog import EventLog
 from services.common.health import ProcessorMetrics
+from services.common.ids import STATE_HASH_PATTERN, action_hash, derived_id
 from services.common.kafka import OutboundRecord
 from services.common.messages import MessageCodec
+from services.common.routing import observation_record
 from services.common.store import KeyValueStore
 from services.common.topics import INCIDENTS, TRAJECTORIES_EVENTS, TRAJECTORIES_REJECTIONS
 from services.saga_orchestrator.domain import (
@@ -59,6 +66,7 @@ from services.saga_orchestrator.domain import (
     TrajectoryState,
     decide,
     evolve,
+    pending_work,
 )
 from services.saga_orchestrator.state_codec import decode_state, encode_state
 
@@ -69,6 +77,7 @@ __all__ = [
     "TrajectoryProcessor",
     "active_key",
     "repair_observation",
+    "step_observation",
 ]
 
 log = logging.getLogger("tenure.saga_orchestrator")
@@ -77,6 +86,9 @@ LAYOUT = StoreLayout(state_prefix="trajectory/")
 _PROCESS_STARTED = time.time()
 _STATS_KEY = "stats/repairs"
 _ACTIVE_PREFIX = "active/"
+_STATE_HASH = re.compile(STATE_HASH_PATTERN)
+# Who the saga's observations are from (the executor signs its commands the same way).
+ACTOR = "tenure-saga-orchestrator"
 
 
 def active_key(partition: int, run_id: str) -> str:
@@ -91,6 +103,53 @@ def repair_observation(before: TrajectoryState | None, event: TrajectoryEvent) -
     if step is None or not step.repairing_kind or step.dispatch != event.dispatch:
         return None
     return step.repairing_kind, isinstance(event, StepCommitted)
+
+
+def _reported_state_hash(output: str) -> str:
+    """The state hash a tool put in its output ("stateHash", WD-1), else "" (unknown)."""
+    if '"stateHash"' not in output:
+        return ""
+    try:
+        value = json.loads(output)
+    except ValueError:
+        return ""
+    found = value.get("stateHash") if isinstance(value, dict) else None
+    return found if isinstance(found, str) and _STATE_HASH.fullmatch(found) else ""
+
+
+def step_observation(event: TrajectoryEvent, state: TrajectoryState | None) -> ObserveStep | None:
+    """The watchdog's observation of a dispatched step whose outcome `event` records (WD-1).
+
+    The step number is the outcome event's trajectory version (strictly increasing per run); the
+    action hash is the one the saga refuses proposals by (tool + canonical params, WD-4); a
+    failure the recovery policy classified transient (REC-2) is reported as such, so the
+    watchdog leaves it to the breakers."""
+    if state is None or not isinstance(event, (StepCommitted, StepFailed)):
+        return None
+    step = state.step(event.step_index)
+    if step is None:
+        return None
+    if isinstance(event, StepCommitted):
+        error_kind, summary, state_hash = "none", event.output, _reported_state_hash(event.output)
+    else:
+        error_kind = "transient" if event.error_class == "transient" else "application"
+        summary = f"{event.error_kind} ({event.error_status}): {event.error_message}"
+        state_hash = ""
+    return ObserveStep(
+        command_id=derived_id("obs", event.event_id),
+        run_id=event.run_id,
+        issued_at=event.occurred_at,
+        correlation_id=event.correlation_id,
+        actor=ACTOR,
+        source="saga",
+        step_seq=event.version,
+        tool=step.tool,
+        action_hash=action_hash(step.tool, json.loads(step.params or "{}")),
+        state_hash=state_hash,
+        summary=summary[:MAX_SUMMARY_CHARS],
+        error_kind=error_kind,
+        mutating=True,
+    )
 
 
 class BatchOutcome(_BatchOutcome):
@@ -179,16 +238,23 @@ class TrajectoryDefinition(
     def index_entries(
         self, partition: int, aggregate_id: str, state: TrajectoryState | None
     ) -> Mapping[str, bytes]:
-        if state is None or state.status.is_terminal:
-            return {}
+        if state is None or (state.status.is_terminal and pending_work(state) is None):
+            return {}  # an ended trajectory stays live while it owes work (WD-5: a lease revocation)
         return {active_key(partition, aggregate_id): b""}
 
     def begin(self, store: KeyValueStore) -> RepairStatistics:
         return RepairStatistics(self)
 
-    def transaction_outputs(self, event: TrajectoryEvent, codec: MessageCodec) -> Sequence[OutboundRecord]:
+    def transaction_outputs(
+        self, event: TrajectoryEvent, codec: MessageCodec, state: TrajectoryState | None = None
+    ) -> Sequence[OutboundRecord]:
         if isinstance(event, IncidentResolved):
             return (codec.outbound(INCIDENTS.name, event.run_id, event),)
+        observed = step_observation(event, state)
+        if observed is not None:
+            # WD-1: the semantic watchdog sees every step the saga dispatched, in the same
+            # transaction as its outcome, on the run's partition of progress.observations.
+            return (observation_record(codec, observed),)
         return ()
 
     def published_outputs(

@@ -43,6 +43,7 @@ def decode_state(raw: bytes) -> TrajectoryState:
             "stack": tuple(data["stack"]),
             "compensated": tuple(data["compensated"]),
             "causes": frozenset(data["causes"]),
+            "tombstones": tuple(data.get("tombstones", ())),
             "incident": None
             if incident is None
             else Incident(**{**incident, "resume_to": TrajectoryStatus(incident["resume_to"])}),

@@ -51,6 +51,10 @@ SERVICES = (
     # The reference environment of the saga's tools (VMs, IPs, DNS...), and the saga itself.
     ("sim-environment", "services.sim_environment"),
     ("saga-orchestrator", "services.saga_orchestrator"),
+    # The semantic watchdog: judges each run's progress by its observations (WD-1..WD-6).
+    ("watchdog", "services.watchdog"),
+    # The fleet-wide circuit breakers of the tool endpoints (BRK-1, BRK-2).
+    ("breakers", "services.breakers"),
 )
 # The API opens the Run views as a secondary of the projector's store: it must exist first.
 STARTED_BEFORE_THE_REST = ("lease-coordinator", "projections")
@@ -323,6 +327,8 @@ def _checks(settings: TenureSettings, api_port: int) -> dict[str, ReadinessCheck
         "fenced-ledger": ReadinessCheck(f"http://127.0.0.1:{settings.ledger_port}"),
         "sim-environment": ReadinessCheck(f"http://127.0.0.1:{settings.sim_port}"),
         "saga-orchestrator": processor(settings.saga_health_port),
+        "watchdog": processor(settings.watchdog_health_port),
+        "breakers": processor(settings.breakers_health_port),
     }
 
 

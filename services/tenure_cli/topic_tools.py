@@ -21,18 +21,21 @@ from services.common.topics import (
     RUNS_REJECTIONS,
     TRAJECTORIES_EVENTS,
     TRAJECTORIES_REJECTIONS,
+    WATCHDOG_EVENTS,
 )
 
 __all__ = ["DEFAULT_REPLAY_TOPIC", "DEFAULT_TAIL_TOPICS", "decode_for_humans", "replay", "tail"]
 
 # What an operator watches: facts and refusals of runs and of their trajectories, incidents
-# (REC-7) and dead letters. `tenure tail --help` names these from this same tuple.
+# (REC-7), the semantic watchdog's ladder (WD-5) and dead letters. `tenure tail --help` names
+# these from this same tuple.
 DEFAULT_TAIL_TOPICS = (
     RUNS_EVENTS.name,
     RUNS_REJECTIONS.name,
     TRAJECTORIES_EVENTS.name,
     TRAJECTORIES_REJECTIONS.name,
     INCIDENTS.name,
+    WATCHDOG_EVENTS.name,
     DEADLETTER.name,
 )
 DEFAULT_REPLAY_TOPIC = RUNS_EVENTS.name

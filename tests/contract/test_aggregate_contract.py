@@ -1,8 +1,10 @@
 """The contract every aggregate definition must pass on the one runtime (issue 11, DUR-1, EXE-2).
 
 One suite, parametrised over the definitions (the eventsourcing library's pattern): the Run
-(services/lease_coordinator/processor.py) and the Trajectory (services/saga_orchestrator/
-processor.py) run on services/common/aggregate. A new aggregate adds a `Case` below and gets the
+(services/lease_coordinator/processor.py), the Trajectory (services/saga_orchestrator/
+processor.py), the Watchdog (services/watchdog/processor.py, WD-1..WD-5) and the Breaker
+(services/breakers/processor.py, BRK-1, BRK-2) run on
+services/common/aggregate. A new aggregate adds a `Case` below and gets the
 whole suite. Each case supplies a command generator that looks at the current states (like the
 aggregate's real clients do), so the streams mix accepted commands, refusals, redeliveries and,
 for an aggregate with timers, timer work between batches. Asserted, for every definition:
@@ -23,21 +25,26 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import hashlib
 import json
 import random
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from services.breakers.processor import BreakerProcessor
 from services.common.aggregate import AggregateProcessor
 from services.common.clock import ManualClock
 from services.common.contracts import (
     AbortTrajectory,
+    AcknowledgeRollback,
+    ConfigureWatchdog,
     FinishTrajectory,
+    ObserveStep,
     ProposeStep,
     RecordCompensationOutcome,
     RecordLeaseRevocation,
@@ -47,13 +54,19 @@ from services.common.contracts import (
     StartTrajectory,
 )
 from services.common.eventlog import MemoryEventLog
-from services.common.ids import run_id_for
+from services.common.ids import action_hash, run_id_for
 from services.common.kafka import InboundRecord
 from services.common.messages import MessageCodec
 from services.common.poison import COMMAND_FAILED
-from services.common.routing import partition_for_run
+from services.common.routing import partition_for_endpoint, partition_for_run
 from services.common.store import MemoryStore
-from services.common.topics import DEADLETTER, RUNS_COMMANDS, TRAJECTORIES_COMMANDS
+from services.common.topics import (
+    BREAKERS_COMMANDS,
+    DEADLETTER,
+    PROGRESS_OBSERVATIONS,
+    RUNS_COMMANDS,
+    TRAJECTORIES_COMMANDS,
+)
 from services.lease_coordinator.domain import attempt_id_for
 from services.lease_coordinator.processor import RunCommandProcessor
 from services.saga_orchestrator.domain import (
@@ -64,6 +77,8 @@ from services.saga_orchestrator.domain import (
     pending_work,
 )
 from services.saga_orchestrator.processor import TrajectoryProcessor
+from services.watchdog.processor import WatchdogProcessor
+from tests.unit.breakers import support as breaker
 from tests.unit.strategies import SPEC_TEXTS, cancel_command, submit_command
 from tests.unit.test_lease_domain import claim_cmd, renew_cmd, report_cmd
 from tests.unit.test_trajectory_decide import CATALOG, OUTPUTS, PARAMS
@@ -86,6 +101,8 @@ class Case:
     # redelivery after they were accepted is refused (a second answer) instead of dropped. The
     # suite allows exactly that second refusal, nothing else: no event, no state change.
     answered_again: frozenset[str] = frozenset()
+    # The partition a command's aggregate id routes to; None: a run id's (services.common.routing).
+    route: Callable[[str], int] | None = None
 
 
 # --- the Run -----------------------------------------------------------------------------------
@@ -216,7 +233,87 @@ TRAJECTORY = Case(
 )
 
 
-@pytest.fixture(params=[RUN, TRAJECTORY], ids=lambda case: case.name)
+# --- the Watchdog ------------------------------------------------------------------------------
+
+WATCHDOG_SLOTS = (("acme", "w1"), ("globex", "w2"), ("initech", "w3"))
+# Few states and few actions, so that runs loop (cycles, repeated failures) and climb the ladder.
+WATCHDOG_STATES = tuple(hashlib.sha256(name.encode()).hexdigest() for name in ("a", "b", "c", "d"))
+WATCHDOG_ACTIONS = tuple(action_hash("fs.edit", {"line": i}) for i in range(3))
+
+
+def watchdog_command(kind: type[Any], run_id: str, command_id: str, **fields: Any) -> Any:
+    return kind(command_id=command_id, run_id=run_id, issued_at=0, correlation_id=run_id, actor="t", **fields)
+
+
+def observation(run_id: str, command_id: str, seq: int, rng: random.Random) -> ObserveStep:
+    return watchdog_command(
+        ObserveStep,
+        run_id,
+        command_id,
+        source="runner",
+        step_seq=seq,
+        tool="fs.edit",
+        action_hash=rng.choice(WATCHDOG_ACTIONS),
+        state_hash=rng.choice(WATCHDOG_STATES),
+        metrics=(float(rng.choice((3, 4))),),
+        error_kind=rng.choice(("none", "none", "application", "transient")),
+    )
+
+
+def watchdog_commands(rng: random.Random, load: Load, step: int) -> list[Any]:
+    commands: list[Any] = []
+    for i in range(rng.randint(1, 5)):
+        run_id = run_id_for(*rng.choice(WATCHDOG_SLOTS))
+        state, tag = load(run_id), f"{run_id}-{step}-{i}"
+        seq = state.last_runner_seq + 1 if state is not None else 0
+        roll = rng.random()
+        if state is not None and state.pending_rollback and roll < 0.4:
+            commands.append(
+                watchdog_command(
+                    AcknowledgeRollback, run_id, f"ack-{tag}", intervention_id=state.pending_rollback,
+                    checkpoint_step=-1,
+                )
+            )
+        elif roll < 0.08:  # a retry of the first observation: the same command id every time
+            commands.append(observation(run_id, f"obs-{run_id}-0", 0, random.Random(run_id)))
+        elif roll < 0.14:
+            # No rollback budget (level 3 at the second violation), or K=40, out of bounds: refused.
+            override = rng.choice(({"rollback_budget": 0}, {"max_period": 2}, {"max_period": 40}))
+            commands.append(watchdog_command(ConfigureWatchdog, run_id, f"cfg-{tag}", **override))
+        elif roll < 0.2:  # refused: not a hash
+            commands.append(replace(observation(run_id, f"bad-{tag}", seq, rng), action_hash="nope"))
+        elif roll < 0.25:  # refused: no rollback awaited
+            unknown = {"intervention_id": "itv_x", "checkpoint_step": 0}
+            commands.append(watchdog_command(AcknowledgeRollback, run_id, f"ack-{tag}", **unknown))
+        else:
+            commands.append(observation(run_id, f"obs-{tag}", seq, rng))
+    return commands
+
+
+WATCHDOG = Case(
+    "watchdog",
+    PROGRESS_OBSERVATIONS.name,
+    lambda log, store, clock: WatchdogProcessor(log, store, CODEC, clock),
+    watchdog_commands,
+    # A watchdog's first observation also records the thresholds in force (two events): a fresh
+    # watchdog with one event is a ConfigureWatchdog that keeps the deployment's thresholds.
+    lambda key: watchdog_command(ConfigureWatchdog, run_id_for("acme", key), f"cfg-{key}"),
+)
+
+
+# --- the Breaker (BRK-1, BRK-2) ------------------------------------------------------------------
+
+BREAKER = Case(
+    "breaker",
+    BREAKERS_COMMANDS.name,
+    lambda log, store, clock: BreakerProcessor(log, store, CODEC, clock, breaker.CONTRACT_POLICY),
+    breaker.contract_commands,
+    lambda key: breaker.outcome(1, "success", endpoint=key, command_id=f"o-{key}"),
+    route=lambda endpoint: partition_for_endpoint(endpoint, PARTITIONS),
+)
+
+
+@pytest.fixture(params=[RUN, TRAJECTORY, WATCHDOG, BREAKER], ids=lambda case: case.name)
 def case(request: pytest.FixtureRequest) -> Case:
     return request.param  # type: ignore[no-any-return]
 
@@ -227,12 +324,13 @@ def case(request: pytest.FixtureRequest) -> Case:
 class Topic:
     """A commands topic as a consumer sees it: routed by run id, offsets increasing per partition."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, route: Callable[[str], int] | None = None) -> None:
         self.name = name
+        self.route = route or (lambda aggregate_id: partition_for_run(aggregate_id, PARTITIONS))
         self._next: dict[int, int] = defaultdict(int)
 
     def record(self, command: Any) -> InboundRecord:
-        partition = partition_for_run(command.run_id, PARTITIONS)
+        partition = self.route(command.run_id)
         out = CODEC.outbound(self.name, command.run_id, command, partition)
         offset = self._next[partition]
         self._next[partition] += 1
@@ -255,7 +353,7 @@ class Drive:
 
 def drive(case: Case, seed: int, batches: int = 16) -> Drive:
     """Commands generated against the current states, batch by batch, a tick after each."""
-    rng, topic, clock = random.Random(seed), Topic(case.commands_topic), ManualClock(T0)
+    rng, topic, clock = random.Random(seed), Topic(case.commands_topic, case.route), ManualClock(T0)
     log, store = MemoryEventLog(PARTITIONS), MemoryStore()
     run = Drive(log, store, case.build(log, store, clock))
     run.processor.restore_partitions(set(range(PARTITIONS)))
@@ -416,7 +514,7 @@ def test_a_refused_command_stays_refused_after_a_restore(case: Case, seed: int) 
 def test_a_poison_command_is_dead_lettered_refused_and_the_batch_goes_on(
     case: Case, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    log, store, topic = MemoryEventLog(PARTITIONS), MemoryStore(), Topic(case.commands_topic)
+    log, store, topic = MemoryEventLog(PARTITIONS), MemoryStore(), Topic(case.commands_topic, case.route)
     processor = case.build(log, store, ManualClock(T0))
     definition = processor.definition
     first, poison, last = case.fresh("first"), case.fresh("poison"), case.fresh("last")
@@ -524,7 +622,13 @@ def test_the_runtime_imports_no_infrastructure_library_and_no_aggregate() -> Non
     aggregate: every aggregate depends on it, never the other way round."""
     package = Path(__file__).resolve().parents[2] / "services" / "common" / "aggregate"
     forbidden = ("confluent_kafka", "faust", "rocksdict", "fastavro", "services.common.streams")
-    services = ("services.lease_coordinator", "services.saga_orchestrator", "services.projections")
+    services = (
+        "services.lease_coordinator",
+        "services.saga_orchestrator",
+        "services.projections",
+        "services.watchdog",
+        "services.breakers",
+    )
     for path in package.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = (

@@ -195,7 +195,9 @@ def test_a_coordinator_sigkill_mid_lease_neither_extends_nor_drops_the_lease_LEA
     client: httpx.Client, system: TenureSystem
 ) -> None:
     run = submit(client, f"restart-{uuid.uuid4()}")
-    grant = claim(client, run["runId"], lease_seconds=4, heartbeat_seconds=1).json()
+    # Long enough for a restart on a loaded 2-core machine (a restart that takes longer than
+    # the lease lets it expire, correctly, and then no renewal can succeed).
+    grant = claim(client, run["runId"], lease_seconds=8, heartbeat_seconds=2).json()
     assert heartbeat(client, grant, 1).status_code == 200
     before = client.get(f"/runs/{run['runId']}/lease").json()["lease"]
 

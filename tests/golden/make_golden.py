@@ -530,6 +530,177 @@ _SAGA_VALUES: dict[str, Any] = {
     "snapshotRef": "tenure://trajectories/run_a1000000000000000000000000000001?version=9&sha256=ab",
     "logTopic": "trajectories.events",
 }
+# The semantic watchdog's records (tenure.watchdog.*, WD-1..WD-5) and the trajectory's side of
+# them: hashes in their real shapes (16 hex digits of xxHash64, 64 of SHA-256).
+_ACTION_HASH = "9f86d081884c7d65"
+_STATE_A = "a19cb74e" + "0" * 56
+_STATE_B = "c3e290ba" + "0" * 56
+_SAGA_VALUES.update(
+    {
+        "source": "runner",
+        "stepSeq": 7,
+        "actionHash": _ACTION_HASH,
+        "stateHash": _STATE_A,
+        "summary": "FAILED tests/test_config.py::test_line_42 - 3 passed, 1 failed",
+        "metrics": [3.0, -1.0],
+        "detector": "cycle",
+        "code": "STATE_OSCILLATION_DETECTED",
+        "repeatedHashes": [_STATE_A, _STATE_B],
+        "windowSteps": [5, 6, 7],
+        "windowHashes": [_STATE_A, _STATE_B, _STATE_A],
+        "metricHistory": "[[4.0,-1.0],[3.0,-1.0]]",
+        "truncatedSteps": [5, 6, 7],
+        "checkpointStateHash": _STATE_B,
+        "restoredStateHash": _STATE_B,
+        "origin": "run",
+        "interventionId": "itv_7f3a9c",
+        "detectionId": "det_7f3a9c",
+        "message": "[SYSTEM ALERT: SEMANTIC_WATCHDOG_INTERRUPT] STATE_OSCILLATION_DETECTED (k=2)",
+    }
+)
+# The circuit breakers' records (tenure.breakers.*, BRK-1, BRK-2): one endpoint's story, from a
+# failing window through a failed and a successful canary; the aggregate id is the endpoint.
+_BREAKER_COMMAND = {**_COMMAND, "runId": "env/vm.provision", "actor": "service:gateway-a"}
+_BREAKER_EVENT = {
+    **_EVENT,
+    "runId": "env/vm.provision",
+    "actor": "service:gateway-a",
+    "causationId": "cmd-brk-1",
+}
+_CANARY = {"canaryId": "cny_4c1f9a", "instanceId": "gateway-a"}
+SAMPLES.update(
+    {
+        ("tenure.breakers.commands.RecordCallOutcome", 1): {
+            **_BREAKER_COMMAND,
+            "instanceId": "gateway-a",
+            "seq": 1_767_225_600_123_000,
+            "outcome": "transport-failure",
+            "durationMs": 5002,
+            "detail": "HTTP 504 Gateway Timeout",
+        },
+        ("tenure.breakers.commands.RequestCanary", 1): {**_BREAKER_COMMAND, "instanceId": "gateway-a"},
+        ("tenure.breakers.commands.ReportCanary", 1): {
+            **_BREAKER_COMMAND,
+            **_CANARY,
+            "outcome": "success",
+            "durationMs": 21,
+            "detail": "HTTP 404 (an application error: the endpoint answered)",
+        },
+        ("tenure.breakers.commands.ForceOpenBreaker", 1): {
+            **_BREAKER_COMMAND,
+            "actor": "user:ops@example.org",
+            "reason": "vendor incident INC-77 — maintenance window",
+        },
+        ("tenure.breakers.commands.DisableBreaker", 1): {
+            **_BREAKER_COMMAND,
+            "actor": "user:ops@example.org",
+            "reason": "flaky health of the breaker itself",
+        },
+        ("tenure.breakers.commands.ResetBreaker", 1): {
+            **_BREAKER_COMMAND,
+            "actor": "user:ops@example.org",
+            "reason": "vendor recovered",
+        },
+        ("tenure.breakers.events.CallOutcomeRecorded", 1): {
+            **_BREAKER_EVENT,
+            "eventId": "brk_0001",
+            "version": 20,
+            "instanceId": "gateway-b",
+            "seq": 1_767_225_600_200_001,
+            "outcome": "transport-failure",
+            "durationMs": 5001,
+            "detail": "connect timeout",
+            "failure": True,
+            "counted": True,
+            "windowSize": 20,
+        },
+        ("tenure.breakers.events.BreakerOpened", 1): {
+            **_BREAKER_EVENT,
+            "eventId": "brk_0002",
+            "version": 21,
+            "window": [False] * 8 + [True] * 12,
+            "calls": 20,
+            "failures": 12,
+            "errorRate": 0.6,
+            "threshold": 0.5,
+            "minCalls": 10,
+            "cooldownMs": 30_000,
+            "halfOpenAt": 1_767_225_630_456,
+        },
+        ("tenure.breakers.events.BreakerHalfOpened", 1): {
+            **_BREAKER_EVENT,
+            "eventId": "brk_0003",
+            "version": 22,
+            "actor": "tenure-breakers",
+            "causationId": "timer/env/vm.provision/1767225600456",
+            "openedAt": 1_767_225_600_456,
+            "cooldownMs": 30_000,
+        },
+        ("tenure.breakers.events.CanaryGranted", 1): {
+            **_BREAKER_EVENT,
+            **_CANARY,
+            "eventId": "brk_0004",
+            "version": 23,
+            "grantedFrom": "half-open",
+            "expiresAt": 1_767_225_615_456,
+            "expiredCanaryId": "",
+        },
+        ("tenure.breakers.events.CanaryExpired", 1): {
+            **_BREAKER_EVENT,
+            **_CANARY,
+            "eventId": "brk_0005",
+            "version": 24,
+            "actor": "tenure-breakers",
+            "causationId": "timer/cny_4c1f9a",
+            "expiresAt": 1_767_225_615_456,
+        },
+        ("tenure.breakers.events.BreakerReopened", 1): {
+            **_BREAKER_EVENT,
+            **_CANARY,
+            "eventId": "brk_0006",
+            "version": 25,
+            "outcome": "transport-failure",
+            "durationMs": 5000,
+            "detail": "HTTP 503",
+            "previousCooldownMs": 30_000,
+            "cooldownMs": 60_000,
+            "halfOpenAt": 1_767_225_660_456,
+        },
+        ("tenure.breakers.events.BreakerClosed", 1): {
+            **_BREAKER_EVENT,
+            **_CANARY,
+            "eventId": "brk_0007",
+            "version": 26,
+            "outcome": "success",
+            "durationMs": 21,
+            "openForMs": 90_000,
+        },
+        ("tenure.breakers.events.BreakerForcedOpen", 1): {
+            **_BREAKER_EVENT,
+            "eventId": "brk_0008",
+            "version": 27,
+            "actor": "user:ops@example.org",
+            "reason": "vendor incident INC-77 — maintenance window",
+            "previousStatus": "closed",
+        },
+        ("tenure.breakers.events.BreakerDisabled", 1): {
+            **_BREAKER_EVENT,
+            "eventId": "brk_0009",
+            "version": 28,
+            "actor": "user:ops@example.org",
+            "reason": "flaky health of the breaker itself",
+            "previousStatus": "forced-open",
+        },
+        ("tenure.breakers.events.BreakerReset", 1): {
+            **_BREAKER_EVENT,
+            "eventId": "brk_0010",
+            "version": 29,
+            "actor": "user:ops@example.org",
+            "reason": "vendor recovered",
+            "previousStatus": "disabled",
+        },
+    }
+)
 _BY_TYPE: dict[str, Any] = {"string": "value", "long": 2, "double": 0.25, "boolean": True}
 
 
@@ -552,7 +723,7 @@ def main() -> int:
     registry = SchemaRegistry.from_directory(REPO_ROOT / "schemas")
     for name in registry.names():
         for v in registry.versions(name):
-            if v.full_name.startswith(("tenure.trajectories.", "tenure.incidents.")):
+            if v.full_name.startswith(("tenure.trajectories.", "tenure.incidents.", "tenure.watchdog.")):
                 SAMPLES.setdefault((v.full_name, v.version), _saga_sample(v.declared))
     missing = [
         f"{v.full_name} v{v.version}"

@@ -19,12 +19,15 @@ from services.common.contracts import (
     CompensationCompleted,
     CompensationFailed,
     IncidentOpened,
+    LeaseRevocationRecorded,
+    RecordWatchdogIntervention,
     RecoveryDecided,
     ResolveIncident,
     StartTrajectory,
     StepCommitted,
     TakeOverLease,
     TrajectoryFrozen,
+    TrajectoryRolledBack,
 )
 from services.common.kafka import PartitionReader
 from services.common.messages import MessageCodec
@@ -460,3 +463,44 @@ def test_a_new_holder_adopts_the_trajectory_and_the_step_in_flight_commits_once(
     assert len(live_of(saga, lease.run_id)) == 1
     stale = runner.rejection(runner.propose(lease, "ip.reserve", {"region": "eu-west"}))
     assert stale.code == "STALE_EPOCH"
+
+
+def test_a_semantic_deadlock_before_the_pivot_unwinds_then_revokes_the_lease_once(
+    saga: SagaSystem, runner: SagaRunner
+) -> None:
+    """WD-5 level 3 before the pivot: the compensators run LIFO under the runner's epoch, and only
+    then is the run's lease revoked (a takeover bumps the epoch), once, through the executor."""
+    lease = runner.claim_new_run("saga-deadlock-revoke")
+    runner.start(lease, **RERUN)
+    vm = commit_step(runner, lease, "vm.provision", {"name": "deadlock"})
+    ip = commit_step(runner, lease, "ip.reserve", {"region": "eu-west"})
+    intervention = f"itv_{lease.run_id[-12:]}"
+    runner.send(
+        RecordWatchdogIntervention(
+            **runner.header(lease.run_id),
+            intervention_id=intervention,
+            level=3,
+            code="ERR_SEMANTIC_DEADLOCK",
+            action_hash="",
+            period=2,
+            checkpoint_step=-1,
+            detector="cycle",
+            detail="period-2 orbit past the rollback budget",
+            message="ERR_SEMANTIC_DEADLOCK",
+        )
+    )
+    state = runner.wait(
+        lease.run_id,
+        lambda s: s.status is T.ROLLED_BACK and s.deadlock_revoked_epoch > 0,
+        "the unwind and the lease revocation",
+        timeout_s=90,
+    )
+    assert state.compensated == (ip, vm) and state.deadlock_revoked_epoch == lease.epoch
+    assert live_of(saga, lease.run_id) == []  # the compensators were not fenced out
+    assert wait_until(lambda: runner.leases[lease.run_id].epoch > lease.epoch, 30, "the epoch bump")
+    history = runner.history(lease.run_id)
+    kinds = [type(e) for e in history]
+    assert kinds.index(TrajectoryRolledBack) < kinds.index(LeaseRevocationRecorded)
+    revoked = [e for e in history if isinstance(e, LeaseRevocationRecorded)]
+    assert [e.incident_id for e in revoked] == [intervention]
+    assert_no_duplicate_effects(saga)

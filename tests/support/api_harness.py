@@ -1,7 +1,8 @@
 """The command API over an in-process stand-in for Kafka and the processors, for unit tests.
 
 `InMemoryTenure` takes the API's published records and decides them with the real pure cores
-(the lease coordinator's and the saga orchestrator's `decide`/`evolve`), folds the events into
+(the lease coordinator's, the saga orchestrator's and the semantic watchdog's `decide`/`evolve`;
+an intervention is sent on to the trajectory as the watchdog processor does), folds the events into
 the real projection stores (over a MemoryStore that the API's real ViewReader reads) and hands
 each decision to the API's DecisionBooks, as the decision followers would. It can also play an
 outage: a broker that never acknowledges (`down`), a full producer queue (`queue_full`), or a
@@ -28,8 +29,10 @@ from services.common.auth import parse_api_keys
 from services.common.clock import SystemClock
 from services.common.contracts import (
     TRAJECTORY_COMMAND_TYPES,
+    WATCHDOG_COMMAND_TYPES,
     BlockChanged,
     CommandRejected,
+    InterventionIssued,
     RunCommand,
 )
 from services.common.decisions import Decided, DecisionBook, FollowerHealth, Rejected
@@ -40,17 +43,23 @@ from services.common.objectstore import FilesystemObjectStore
 from services.common.policy import subject_key
 from services.common.settings import repo_root
 from services.common.store import MemoryStore
-from services.common.topics import RUNS_EVENTS, TRAJECTORIES_EVENTS
+from services.common.topics import RUNS_EVENTS, TRAJECTORIES_EVENTS, WATCHDOG_EVENTS
 from services.lease_coordinator.domain import decide as decide_run
 from services.lease_coordinator.domain import evolve as evolve_run
 from services.lease_coordinator.domain import rejection_event
 from services.lease_coordinator.domain.state import Rejection as RunRejection
 from services.projections.store import RunViewStore
 from services.projections.trajectory_store import TrajectoryViewStore
+from services.projections.watchdog_store import WatchdogViewStore
 from services.saga_orchestrator.domain import Rejection as SagaRejection
 from services.saga_orchestrator.domain import SagaContext, load_catalog
 from services.saga_orchestrator.domain import decide as decide_trajectory
 from services.saga_orchestrator.domain import evolve as evolve_trajectory
+from services.watchdog.domain import DEFAULT_THRESHOLDS, Thresholds
+from services.watchdog.domain import Rejection as WatchdogRejection
+from services.watchdog.domain import decide as decide_watchdog
+from services.watchdog.domain import evolve as evolve_watchdog
+from services.watchdog.processor import intervention_command
 
 __all__ = ["FakeBlocks", "InMemoryTenure", "api_client"]
 
@@ -112,8 +121,12 @@ class InMemoryTenure:
         self.store = MemoryStore()
         self.run_views = RunViewStore(self.store, self.codec)
         self.trajectory_views = TrajectoryViewStore(self.store, self.codec)
+        self.watchdog_views = WatchdogViewStore(self.store, self.codec)
         self.run_book = _Book()
         self.trajectory_book = _Book()
+        self.watchdog_book = _Book()
+        self.watchdog_thresholds: Thresholds = DEFAULT_THRESHOLDS
+        self.watchdog_states: dict[str, Any] = {}
         self.blocks = FakeBlocks()
         self.saga = SagaContext(load_catalog(CATALOG))
         self.run_states: dict[str, Any] = {}
@@ -166,6 +179,8 @@ class InMemoryTenure:
             elif self.mode != "undecided":
                 if isinstance(message, TRAJECTORY_COMMAND_TYPES):
                     self._decide_trajectory(message)
+                elif isinstance(message, WATCHDOG_COMMAND_TYPES):
+                    self._decide_watchdog(message)
                 else:
                     self._decide_run(message)
         if not future.done():
@@ -190,6 +205,44 @@ class InMemoryTenure:
         for event in decision:
             self.run_book.deliver(event.causation_id, Decided(event))
 
+    def _refusal(self, command: Any, decision: Any, now: int) -> CommandRejected:
+        after = decision.state
+        return CommandRejected(
+            event_id=derived_id("rej", command.command_id),
+            run_id=command.run_id,
+            occurred_at=now,
+            causation_id=command.command_id,
+            correlation_id=command.correlation_id,
+            actor=command.actor,
+            command_type=type(command).__name__,
+            code=decision.code,
+            detail=decision.detail,
+            current_status=after.status.value if after is not None else None,
+            current_version=after.version if after is not None else 0,
+        )
+
+    def _decide_watchdog(self, command: Any) -> None:
+        if command.command_id in self.rejected:
+            return
+        now = self.clock.now_ms()
+        state = self.watchdog_states.get(command.run_id)
+        decision = decide_watchdog(state, command, now, self.watchdog_thresholds)
+        if isinstance(decision, WatchdogRejection):
+            self.rejected.add(command.command_id)
+            self.watchdog_book.deliver(command.command_id, Rejected(self._refusal(command, decision, now)))
+            return
+        for event in decision:
+            state = evolve_watchdog(state, event)
+            self.watchdog_views.apply([self._inbound(WATCHDOG_EVENTS.name, event)])
+        if state is not None:
+            self.watchdog_states[command.run_id] = state
+        for event in decision:
+            self.watchdog_book.deliver(event.causation_id, Decided(event))
+        for event in decision:
+            if isinstance(event, InterventionIssued):
+                # The watchdog processor's side output, in the same transaction (WD-5).
+                self._decide_trajectory(intervention_command(event))
+
     def _decide_trajectory(self, command: Any) -> None:
         if command.command_id in self.rejected:
             return
@@ -198,21 +251,7 @@ class InMemoryTenure:
         decision = decide_trajectory(state, command, now, self.saga)
         if isinstance(decision, SagaRejection):
             self.rejected.add(command.command_id)
-            after = decision.state
-            refusal = CommandRejected(
-                event_id=derived_id("rej", command.command_id),
-                run_id=command.run_id,
-                occurred_at=now,
-                causation_id=command.command_id,
-                correlation_id=command.correlation_id,
-                actor=command.actor,
-                command_type=type(command).__name__,
-                code=decision.code,
-                detail=decision.detail,
-                current_status=after.status.value if after is not None else None,
-                current_version=after.version if after is not None else 0,
-            )
-            self.trajectory_book.deliver(command.command_id, Rejected(refusal))
+            self.trajectory_book.deliver(command.command_id, Rejected(self._refusal(command, decision, now)))
             return
         for event in decision:
             state = evolve_trajectory(state, event)
@@ -244,6 +283,7 @@ class InMemoryTenure:
             objects=FilesystemObjectStore(tmp / "artifacts"),
             blocks=self.blocks,  # type: ignore[arg-type]
             trajectory_decisions=self.trajectory_book,
+            watchdog_decisions=self.watchdog_book,
         )
 
 

@@ -1,7 +1,8 @@
 """The effect gateway's real protocol and HTTP front, without Kafka, for unit tests.
 
 `OfflineGateway` is the real `Gateway` (its `perform`, `verify`, fencing and authorization)
-with the Kafka parts cut off: runs.events are folded by hand (`fold`), and every command it
+with the Kafka parts cut off: runs.events are folded by hand (`fold`), the watchdog's
+interventions too (`fold_watchdog`), and every command it
 would publish is kept in `sent` and answered by `decide` (Decided by default). The tool is an
 `httpx.MockTransport` that records what it was sent.
 """
@@ -16,7 +17,7 @@ import httpx
 
 from services.common.auth import Principal, parse_api_keys
 from services.common.clock import SystemClock
-from services.common.contracts import RecordEffectIntent, RecordEffectOutcome, RunEvent
+from services.common.contracts import InterventionIssued, RecordEffectIntent, RecordEffectOutcome, RunEvent
 from services.common.decisions import Decided, Decision
 from services.common.messages import MessageCodec
 from services.effect_gateway.app import create_app
@@ -56,6 +57,7 @@ class OfflineGateway(Gateway):
         self._tools = ToolRegistry({"ledger": "http://ledger.test"}, transport=httpx.MockTransport(self.tool))
         self._timeout = 1.0
         self._views = {}
+        self._tombstones = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._caught_up = threading.Event()
@@ -68,6 +70,11 @@ class OfflineGateway(Gateway):
         with self._lock:
             for event in events:
                 self._views[event.run_id] = fold_fencing(self._views.get(event.run_id), event)
+        return self
+
+    def fold_watchdog(self, *events: InterventionIssued) -> OfflineGateway:
+        for event in events:
+            self.tombstone(event)
         return self
 
     def catch_up(self) -> None:

@@ -22,7 +22,7 @@ from services.common.auth import DEVELOPMENT_MODE_WARNING
 from services.common.decisions import FollowerHealth
 from tests.support.api_harness import InMemoryTenure, api_client
 
-CHECKS = ["kafka", "views", "runDecisions", "trajectoryDecisions", "blockPolicy"]
+CHECKS = ["kafka", "views", "runDecisions", "trajectoryDecisions", "watchdogDecisions", "blockPolicy"]
 
 
 def test_healthz_is_liveness_and_reports_development_mode(tmp_path: Path) -> None:

@@ -275,10 +275,11 @@ GOLDEN_SAMPLED = (
     *(f"tenure.runs.commands.{name}" for name in f"{_LEASE_COMMANDS} {_LIFECYCLE_COMMANDS}".split()),
     *(f"tenure.runs.events.{name}" for name in f"{_LEASE_EVENTS} {_LIFECYCLE_EVENTS}".split()),
     "tenure.policy.events.BlockChanged",
-    # The saga's records (commands, events, the incident), one sample each from its golden.
+    # The saga's records (commands, events, the incident), the semantic watchdog's and the
+    # breakers', one sample each from its golden.
     *(
         f"{json.loads(path.read_text(encoding='utf-8'))['namespace']}.{path.name.split('.')[0]}"
-        for area in ("trajectories", "incidents")
+        for area in ("trajectories", "incidents", "watchdog", "breakers")
         for path in sorted((REPO_ROOT / "schemas" / area).rglob("*.avsc"))
     ),
 )

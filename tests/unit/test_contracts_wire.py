@@ -28,10 +28,14 @@ from hypothesis import strategies as st
 
 from services.common.avro import SchemaRegistry
 from services.common.contracts import (
+    BREAKER_COMMAND_TYPES,
+    BREAKER_EVENT_TYPES,
     COMMAND_TYPES,
     EVENT_TYPES,
     TRAJECTORY_COMMAND_TYPES,
     TRAJECTORY_EVENT_TYPES,
+    WATCHDOG_COMMAND_TYPES,
+    WATCHDOG_EVENT_TYPES,
     ArtifactEntry,
     AttemptReported,
     BlockChanged,
@@ -67,6 +71,10 @@ ALL_TYPES: tuple[type[Any], ...] = (
     *TRAJECTORY_COMMAND_TYPES,
     *TRAJECTORY_EVENT_TYPES,
     IncidentOpened,
+    *WATCHDOG_COMMAND_TYPES,
+    *WATCHDOG_EVENT_TYPES,
+    *BREAKER_COMMAND_TYPES,
+    *BREAKER_EVENT_TYPES,
 )
 
 # Nested Avro records and their contract types, by Avro full name.

@@ -68,6 +68,10 @@ OWNERS = {
     "RUNS_REJECTIONS": "lease_coordinator",
     "TRAJECTORIES_EVENTS": "saga_orchestrator",
     "TRAJECTORIES_REJECTIONS": "saga_orchestrator",
+    "WATCHDOG_EVENTS": "watchdog",
+    "WATCHDOG_REJECTIONS": "watchdog",
+    "BREAKERS_EVENTS": "breakers",
+    "BREAKERS_REJECTIONS": "breakers",
 }
 TRANSACTIONAL_WRITERS = {"KafkaEventLog", "TransactionalWriter"}
 # The attributes by which an aggregate definition names the topics the runtime writes for it.
@@ -126,8 +130,11 @@ def test_only_the_owning_processors_write_the_systems_of_record_EXE_13() -> None
         assert writes[topic] <= {owner}, f"{topic} is written outside {owner}: {sorted(writes[topic])}"
     # Everyone else publishes commands, through the one routing helper.
     assert writes["RUNS_COMMANDS"] == {"common"} and writes["TRAJECTORIES_COMMANDS"] == {"common"}
-    # Only the two processors hold a transactional log (the adapter builds the writer for them).
-    assert builders["KafkaEventLog"] == {"lease_coordinator", "saga_orchestrator"}, builders
+    assert writes["PROGRESS_OBSERVATIONS"] == {"common"}
+    assert writes["BREAKERS_COMMANDS"] == {"common"}
+    # Only the processors hold a transactional log (the adapter builds the writer for them).
+    processors = {"lease_coordinator", "saga_orchestrator", "watchdog", "breakers"}
+    assert builders["KafkaEventLog"] == processors, builders
     assert builders["TransactionalWriter"] == {"common"}, builders
     # A write whose topic is a variable is library code handed its topic by an owner.
     assert all(call.startswith("common/") for call in opaque), opaque

@@ -213,9 +213,12 @@ class AggregateDefinition(ABC, Generic[S, C, E, X]):
         """A fresh context for one batch, tick or restore chunk."""
         return BatchContext()
 
-    def transaction_outputs(self, event: E, codec: MessageCodec) -> Sequence[OutboundRecord]:
+    def transaction_outputs(
+        self, event: E, codec: MessageCodec, state: S | None = None
+    ) -> Sequence[OutboundRecord]:
         """Records committed in the batch's transaction beside `event` (never on the events
-        topic), e.g. a copy on another topic."""
+        topic), e.g. a copy on another topic, or a command to another aggregate. `state` is the
+        aggregate's state after `event`, for outputs the event alone does not describe."""
         return ()
 
     def published_outputs(

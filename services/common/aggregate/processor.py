@@ -314,7 +314,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
             before, after = after, d.evolve(after, event)
             applied.append(Transition(before, event, after))
             written.append(self._codec.outbound(d.events_topic, aggregate_id, event, partition))
-            written.extend(d.transaction_outputs(event, self._codec))
+            written.extend(d.transaction_outputs(event, self._codec, after))
         ensure_writable(written)
         if applied:
             changes.context.accept(partition, applied)

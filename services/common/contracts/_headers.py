@@ -16,6 +16,8 @@ __all__ = [
     "REJECTIONS_NS",
     "TRAJECTORY_COMMANDS_NS",
     "TRAJECTORY_EVENTS_NS",
+    "WATCHDOG_COMMANDS_NS",
+    "WATCHDOG_EVENTS_NS",
     "CommandHeader",
     "EventHeader",
 ]
@@ -27,6 +29,8 @@ POLICY_EVENTS_NS = "tenure.policy.events"
 TRAJECTORY_COMMANDS_NS = "tenure.trajectories.commands"
 TRAJECTORY_EVENTS_NS = "tenure.trajectories.events"
 INCIDENTS_NS = "tenure.incidents.events"
+WATCHDOG_COMMANDS_NS = "tenure.watchdog.commands"
+WATCHDOG_EVENTS_NS = "tenure.watchdog.events"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["RejectionCode", "TrajectoryRejectionCode"]
+__all__ = ["RejectionCode", "TrajectoryRejectionCode", "WatchdogRejectionCode"]
 
 
 class RejectionCode(StrEnum):
@@ -81,3 +81,20 @@ class TrajectoryRejectionCode(StrEnum):
     PIVOT_COMMITTED = "PIVOT_COMMITTED"
     NO_PIVOT_PENDING = "NO_PIVOT_PENDING"
     INCIDENT_NOT_OPEN = "INCIDENT_NOT_OPEN"
+    # The semantic watchdog's interventions (WD-5): the proposal repeats the action a level-1
+    # interrupt named, or a tombstoned one (level 2); or the run is in semantic deadlock (level 3).
+    STATE_OSCILLATION_DETECTED = "STATE_OSCILLATION_DETECTED"
+    ACTION_TOMBSTONED = "ACTION_TOMBSTONED"
+    ERR_SEMANTIC_DEADLOCK = "ERR_SEMANTIC_DEADLOCK"
+
+
+class WatchdogRejectionCode(StrEnum):
+    """The semantic watchdog's rejection codes (services/watchdog)."""
+
+    INVALID_OBSERVATION = "INVALID_OBSERVATION"
+    INVALID_COMMAND = "INVALID_COMMAND"
+    THRESHOLD_OUT_OF_BOUNDS = "THRESHOLD_OUT_OF_BOUNDS"
+    TOO_MANY_CONFIGURATIONS = "TOO_MANY_CONFIGURATIONS"
+    NO_ROLLBACK_PENDING = "NO_ROLLBACK_PENDING"
+    WATCHDOG_NOT_FOUND = "WATCHDOG_NOT_FOUND"
+    WATCHDOG_DEADLOCKED = "WATCHDOG_DEADLOCKED"

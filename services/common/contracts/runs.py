@@ -24,8 +24,16 @@ from services.common.contracts._headers import (
     REJECTIONS_NS,
     TRAJECTORY_COMMANDS_NS,
     TRAJECTORY_EVENTS_NS,
+    WATCHDOG_COMMANDS_NS,
+    WATCHDOG_EVENTS_NS,
     CommandHeader,
     EventHeader,
+)
+from services.common.contracts.breakers import (
+    BREAKER_COMMAND_TYPES,
+    BREAKER_COMMANDS_NS,
+    BREAKER_EVENT_TYPES,
+    BREAKER_EVENTS_NS,
 )
 from services.common.contracts.leases import (
     AttemptClaimed,
@@ -77,6 +85,7 @@ from services.common.contracts.trajectories import (
     RecordLeaseRevocation,
     RecordPivotGate,
     RecordStepOutcome,
+    RecordWatchdogIntervention,
     RecoveryDecided,
     ResolveIncident,
     StartTrajectory,
@@ -88,7 +97,9 @@ from services.common.contracts.trajectories import (
     TrajectoryFrozen,
     TrajectoryRolledBack,
     TrajectoryStarted,
+    WatchdogInterventionRecorded,
 )
+from services.common.contracts.watchdog import WATCHDOG_COMMAND_TYPES, WATCHDOG_EVENT_TYPES
 from services.common.ids import derived_id
 
 __all__ = [
@@ -240,6 +251,7 @@ TrajectoryCommand = Union[
     RecordLeaseRevocation,
     ResolveIncident,
     AdoptLease,
+    RecordWatchdogIntervention,
 ]
 TrajectoryEvent = Union[
     TrajectoryStarted,
@@ -259,6 +271,7 @@ TrajectoryEvent = Union[
     LeaseRevocationRecorded,
     IncidentResolved,
     LeaseAdopted,
+    WatchdogInterventionRecorded,
 ]
 
 
@@ -289,6 +302,10 @@ _NAMESPACE_BY_TYPE: dict[type[Any], str] = {
     **{cls: TRAJECTORY_COMMANDS_NS for cls in TRAJECTORY_COMMAND_TYPES},
     **{cls: TRAJECTORY_EVENTS_NS for cls in TRAJECTORY_EVENT_TYPES},
     IncidentOpened: INCIDENTS_NS,
+    **{cls: WATCHDOG_COMMANDS_NS for cls in WATCHDOG_COMMAND_TYPES},
+    **{cls: WATCHDOG_EVENTS_NS for cls in WATCHDOG_EVENT_TYPES},
+    **{cls: BREAKER_COMMANDS_NS for cls in BREAKER_COMMAND_TYPES},
+    **{cls: BREAKER_EVENTS_NS for cls in BREAKER_EVENT_TYPES},
 }
 _TYPE_BY_FULL_NAME: dict[str, type[Any]] = {
     f"{ns}.{cls.__name__}": cls for cls, ns in _NAMESPACE_BY_TYPE.items()

@@ -31,6 +31,7 @@ __all__ = [
     "RecordLeaseRevocation",
     "RecordPivotGate",
     "RecordStepOutcome",
+    "RecordWatchdogIntervention",
     "RecoveryDecided",
     "ResolveIncident",
     "StartTrajectory",
@@ -42,6 +43,7 @@ __all__ = [
     "TrajectoryFrozen",
     "TrajectoryRolledBack",
     "TrajectoryStarted",
+    "WatchdogInterventionRecorded",
 ]
 
 # --- commands -------------------------------------------------------------------------------
@@ -146,7 +148,10 @@ class AbortTrajectory(CommandHeader):
 
 @dataclass(frozen=True, kw_only=True)
 class RecordLeaseRevocation(CommandHeader):
-    """The executor confirms the run's lease was revoked for a frozen trajectory (REC-7)."""
+    """The executor confirms the run's lease was revoked (its epoch bumped past `revoked_epoch`):
+    for a frozen trajectory, `incident_id` names its incident (REC-7); for a semantic deadlock
+    unwound before the pivot (WD-5 level 3, the trajectory ROLLED_BACK), it carries the id of the
+    level-3 watchdog intervention instead, the one command an ended trajectory still takes."""
 
     incident_id: str
     revoked_epoch: int
@@ -163,6 +168,24 @@ class ResolveIncident(CommandHeader):
     note: str = ""
     attempt_id: str = ""
     lease_epoch: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecordWatchdogIntervention(CommandHeader):
+    """The semantic watchdog's intervention for this run (WD-5), sent in the transaction of its
+    InterventionIssued: level 1 refuses the runner's next proposal of `action_hash` (and is
+    delivered to it), level 2 tombstones `action_hash` for the run, level 3 ends the trajectory:
+    unwound before the pivot, frozen with an incident after it (REC-7)."""
+
+    intervention_id: str
+    level: int
+    code: str
+    action_hash: str
+    period: int
+    checkpoint_step: int
+    detector: str
+    detail: str
+    message: str
 
 
 # --- events ---------------------------------------------------------------------------------
@@ -347,6 +370,21 @@ class IncidentResolved(EventHeader):
     note: str
     attempt_id: str
     epoch: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class WatchdogInterventionRecorded(EventHeader):
+    """The trajectory took in a watchdog intervention (its fields as the command gave them)."""
+
+    intervention_id: str
+    level: int
+    code: str
+    action_hash: str
+    period: int
+    checkpoint_step: int
+    detector: str
+    detail: str
+    message: str
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -26,6 +26,7 @@ from services.common.contracts import (
     RecordLeaseRevocation,
     RecordPivotGate,
     RecordStepOutcome,
+    RecordWatchdogIntervention,
     ResolveIncident,
     StartTrajectory,
     StepIntentRecorded,
@@ -39,6 +40,11 @@ from services.common.contracts import (
 from services.common.ids import canonical_json
 from services.saga_orchestrator.domain.codes import TrajectoryRejectionCode, code_for_status
 from services.saga_orchestrator.domain.emitter import Emitter, Rejection, SagaContext
+from services.saga_orchestrator.domain.interventions import (
+    enforce_deadlock,
+    record_intervention,
+    refused_by_watchdog,
+)
 from services.saga_orchestrator.domain.lifecycle import StepStatus, TrajectoryStatus
 from services.saga_orchestrator.domain.plan import PlanRejected, PlanStep, compile_plan
 from services.saga_orchestrator.domain.recovery import (
@@ -72,7 +78,7 @@ def decide(
         return ()  # a redelivered command: already decided, nothing new
     if isinstance(command, StartTrajectory):
         return Rejection(C.TRAJECTORY_EXISTS, f"run {command.run_id} already has a trajectory")
-    if state.status.is_terminal:
+    if state.status.is_terminal and not _deadlock_revocation(state, command):
         return Rejection(
             C.TRAJECTORY_ENDED, f"the trajectory of run {state.run_id} ended {state.status.value}", state
         )
@@ -173,6 +179,13 @@ def _propose(em: Emitter, command: ProposeStep) -> Rejection | None:
             f"the trajectory is {state.status.value}; no step may be proposed now",
             state,
         )
+    if state.semantic_deadlock:
+        return Rejection(
+            C.ERR_SEMANTIC_DEADLOCK,
+            "the semantic watchdog found the run looping past its rollback budget (WD-5 level 3); "
+            "no step may be proposed",
+            state,
+        )
     if (open_step := state.open_step) is not None:
         return Rejection(C.STEP_IN_FLIGHT, f"step {open_step.index} is still {open_step.status.value}", state)
     try:
@@ -188,6 +201,8 @@ def _propose(em: Emitter, command: ProposeStep) -> Rejection | None:
     problems = validate_parameters(spec, params)
     if problems:
         return Rejection(C.INVALID_PARAMETERS, f"{command.tool}: " + "; ".join(problems), state)
+    if (watched := refused_by_watchdog(state, command.tool, params)) is not None:
+        return watched
     if state.budget_steps < 1:
         return Rejection(C.BUDGET_EXHAUSTED, "the trajectory has no steps left in its budget (REC-3)", state)
     if command.repair_of >= 0:
@@ -351,6 +366,8 @@ def _outcome(em: Emitter, command: RecordStepOutcome) -> Rejection | None:
         handle_failure(em, step, command)
     else:
         return Rejection(C.INVALID_COMMAND, "outcome must be committed, failed or unknown", state)
+    if em.state.semantic_deadlock:
+        enforce_deadlock(em)  # the step the deadlock waited for has settled
     return None
 
 
@@ -466,11 +483,28 @@ def _compensated(em: Emitter, command: RecordCompensationOutcome) -> Rejection |
 # --- operators --------------------------------------------------------------------------------
 
 
+def _deadlock_revocation(state: TrajectoryState, command: TrajectoryCommand) -> bool:
+    """The one command an ended trajectory takes: the lease revocation a semantic deadlock
+    unwound before the pivot owes once ROLLED_BACK (WD-5 level 3), or its repeat."""
+    return (
+        isinstance(command, RecordLeaseRevocation)
+        and state.status is T.ROLLED_BACK
+        and state.semantic_deadlock
+        and bool(state.deadlock_intervention)
+        and command.incident_id == state.deadlock_intervention
+    )
+
+
 def _revoked(em: Emitter, command: RecordLeaseRevocation) -> Rejection | None:
-    incident = em.state.incident
-    if incident is None or incident.incident_id != command.incident_id or incident.revoked_epoch:
-        return None
-    em.emit(LeaseRevocationRecorded, incident_id=incident.incident_id, revoked_epoch=command.revoked_epoch)
+    """REC-7: an incident's lease revocation; WD-5: a deadlock's, named by its intervention."""
+    state = em.state
+    incident = state.incident
+    if incident is not None and incident.incident_id == command.incident_id:
+        owed = not incident.revoked_epoch
+    else:
+        owed = state.owes_deadlock_revocation and command.incident_id == state.deadlock_intervention
+    if owed:  # otherwise a repeat, or a revocation no one owes: nothing to record
+        em.emit(LeaseRevocationRecorded, incident_id=command.incident_id, revoked_epoch=command.revoked_epoch)
     return None
 
 
@@ -514,4 +548,5 @@ _HANDLERS: dict[type[Any], Callable[[Emitter, Any], Rejection | None]] = {
     RecordCompensationOutcome: _compensated,
     RecordLeaseRevocation: _revoked,
     ResolveIncident: _resolve,
+    RecordWatchdogIntervention: record_intervention,
 }

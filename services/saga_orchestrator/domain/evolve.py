@@ -6,6 +6,7 @@ change outside the transition tables (lifecycle.py) raises IllegalTransition.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 from services.common.contracts import (
@@ -27,7 +28,9 @@ from services.common.contracts import (
     TrajectoryFrozen,
     TrajectoryRolledBack,
     TrajectoryStarted,
+    WatchdogInterventionRecorded,
 )
+from services.common.ids import action_hash, canonical_json
 from services.saga_orchestrator.domain.lifecycle import (
     StepStatus,
     TrajectoryStatus,
@@ -179,14 +182,56 @@ def _apply(state: TrajectoryState, event: TrajectoryEvent) -> TrajectoryState:
     if isinstance(event, LeaseAdopted):
         return replace(state, attempt_id=event.attempt_id, epoch=event.epoch)
     if isinstance(event, LeaseRevocationRecorded):
-        assert state.incident is not None
-        return replace(state, incident=replace(state.incident, revoked_epoch=event.revoked_epoch))
+        revoked = state.incident
+        if revoked is not None and revoked.incident_id == event.incident_id:
+            return replace(state, incident=replace(revoked, revoked_epoch=event.revoked_epoch))
+        # WD-5: the revocation a semantic deadlock owes once unwound names its intervention.
+        assert event.incident_id == state.deadlock_intervention, event.incident_id
+        return replace(state, deadlock_revoked_epoch=event.revoked_epoch)
     if isinstance(event, IncidentResolved):
         return _resolved(state, event)
+    if isinstance(event, WatchdogInterventionRecorded):
+        return _watchdog(state, event)
     raise TypeError(f"not a trajectory event: {type(event).__name__}")
 
 
+def _watchdog(state: TrajectoryState, event: WatchdogInterventionRecorded) -> TrajectoryState:
+    """WD-5: level 1 refuses the action once, level 2 tombstones it, level 3 is the deadlock."""
+    shown = canonical_json(
+        {
+            "interventionId": event.intervention_id,
+            "level": event.level,
+            "code": event.code,
+            "actionHash": event.action_hash,
+            "period": event.period,
+            "checkpointStep": event.checkpoint_step,
+            "detector": event.detector,
+            "detail": event.detail,
+            "message": event.message,
+        }
+    )
+    state = replace(state, watchdog_intervention=shown)
+    if event.level == 1:
+        return replace(state, interrupt_action=event.action_hash)
+    tombstones = state.tombstones
+    if event.action_hash and event.action_hash not in tombstones:
+        tombstones = (*tombstones, event.action_hash)
+    deadlock = state.semantic_deadlock or event.level >= 3
+    # The first level 3 names the deadlock (and keys the lease revocation it owes, work.py).
+    named = state.deadlock_intervention or (event.intervention_id if event.level >= 3 else "")
+    return replace(
+        state,
+        interrupt_action="",
+        tombstones=tombstones,
+        semantic_deadlock=deadlock,
+        deadlock_intervention=named,
+    )
+
+
 def _intent(state: TrajectoryState, event: StepIntentRecorded) -> TrajectoryState:
+    if state.interrupt_action and action_hash(event.tool, json.loads(event.params)) != state.interrupt_action:
+        # The runner moved on to another action: the level-1 interrupt has done its work.
+        state = replace(state, interrupt_action="")
     status = S(event.status)
     budget = replace(
         state,
@@ -250,7 +295,15 @@ def _resolved(state: TrajectoryState, event: IncidentResolved) -> TrajectoryStat
     incident = state.incident
     assert incident is not None
     if event.resolution == "resume":
-        state = replace(state, attempt_id=event.attempt_id, epoch=event.epoch, incident=None)
+        # An operator who resumes has judged the run: a semantic deadlock (WD-5) ends with it.
+        state = replace(
+            state,
+            attempt_id=event.attempt_id,
+            epoch=event.epoch,
+            incident=None,
+            semantic_deadlock=False,
+            deadlock_intervention="",
+        )
         for index in state.stack:
             step = state.steps[index]
             if step.status is S.PANIC:

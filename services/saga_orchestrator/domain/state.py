@@ -111,6 +111,24 @@ class TrajectoryState:
     compensated: tuple[int, ...] = ()  # in unwind order
     incident: Incident | None = None
     causes: frozenset[str] = field(default_factory=frozenset)  # command ids already decided
+    # The semantic watchdog's interventions (WD-5, RecordWatchdogIntervention):
+    # the action hash (services.common.ids.action_hash) a level-1 interrupt refuses, until the
+    # runner's next accepted proposal of another action;
+    interrupt_action: str = ""
+    # the action hashes tombstoned for this run (level 2): refused whenever proposed;
+    tombstones: tuple[str, ...] = ()
+    # level 3 recorded: no proposal is accepted; unwound (before the pivot) or frozen once no
+    # step is in flight;
+    semantic_deadlock: bool = False
+    # the latest intervention as canonical JSON {interventionId, level, code, actionHash, period,
+    # checkpointStep, detector, detail, message}, for the runner's next answer; "" = none.
+    watchdog_intervention: str = ""
+    # the id of the level-3 intervention that made the deadlock (kept apart from the latest one,
+    # which a later intervention replaces): the key of the lease revocation it owes;
+    deadlock_intervention: str = ""
+    # the epoch whose lease was revoked for a deadlock unwound before the pivot (0 = not yet);
+    # after the pivot the incident records it instead (Incident.revoked_epoch).
+    deadlock_revoked_epoch: int = 0
 
     def step(self, index: int) -> StepState | None:
         return self.steps[index] if 0 <= index < len(self.steps) else None
@@ -127,6 +145,19 @@ class TrajectoryState:
     def pivot_committed(self) -> bool:
         pivot = self.step(self.pivot_step)
         return pivot is not None and pivot.status is StepStatus.COMMITTED
+
+    @property
+    def owes_deadlock_revocation(self) -> bool:
+        """WD-5 level 3 before the pivot: once the unwind is done (and only then: the compensators
+        run under the current epoch), the run's lease is revoked, once. An unwind that froze on
+        the way, whose incident revoked the lease already (REC-7), owes nothing more."""
+        return (
+            self.status is TrajectoryStatus.ROLLED_BACK
+            and self.semantic_deadlock
+            and bool(self.deadlock_intervention)
+            and not self.deadlock_revoked_epoch
+            and not (self.incident is not None and self.incident.revoked_epoch)
+        )
 
     @property
     def open_step(self) -> StepState | None:

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from services.common.ids import action_hash
 from services.saga_orchestrator.domain.lifecycle import StepStatus, TrajectoryStatus
 from services.saga_orchestrator.domain.state import TrajectoryState, compensation_key
 
@@ -33,6 +34,9 @@ class DispatchStep:
     params: dict[str, Any]
     not_before: int
     unknown_outcomes: int = 0  # how many answers of this dispatch were lost so far
+    # The step's action (tool + canonical params, WD-4): the gateway refuses it when the
+    # watchdog tombstoned it, whatever gateway tool and operation the catalog maps it to.
+    action_hash: str = ""
 
     @property
     def key(self) -> str:
@@ -73,6 +77,10 @@ class RunCompensator:
 
 @dataclass(frozen=True)
 class RevokeLease:
+    """Revoke the run's lease (an epoch bump): for a frozen trajectory's incident (REC-7), or for
+    a semantic deadlock unwound before the pivot (WD-5), whose `incident_id` is the id of the
+    level-3 intervention. `reason` is what the takeover says."""
+
     run_id: str
     incident_id: str
     epoch: int
@@ -91,8 +99,15 @@ def pending_work(state: TrajectoryState) -> Work | None:
     if state.status is T.FROZEN:
         incident = state.incident
         if incident is not None and not incident.revoked_epoch:
-            return RevokeLease(state.run_id, incident.incident_id, incident.epoch, incident.failure_mode)
+            reason = f"REC-7 incident {incident.incident_id}: {incident.failure_mode}"
+            return RevokeLease(state.run_id, incident.incident_id, incident.epoch, reason)
         return None
+    if state.owes_deadlock_revocation:
+        # WD-5 level 3 before the pivot, after the unwind: the revocation is keyed, and recorded,
+        # by the intervention's id (RecordLeaseRevocation.incident_id carries it).
+        intervention = state.deadlock_intervention
+        reason = f"WD-5 ERR_SEMANTIC_DEADLOCK: intervention {intervention}; the saga was unwound"
+        return RevokeLease(state.run_id, intervention, state.epoch, reason)
     if state.status is T.UNWINDING and state.stack:
         step = state.steps[state.stack[-1]]
         spec = step.compensation_spec()
@@ -131,4 +146,5 @@ def pending_work(state: TrajectoryState) -> Work | None:
         params=json.loads(step.params),
         not_before=step.not_before,
         unknown_outcomes=step.unknown_outcomes,
+        action_hash=action_hash(step.tool, json.loads(step.params)),
     )
