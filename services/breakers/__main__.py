@@ -11,19 +11,10 @@ from __future__ import annotations
 from services.breakers.domain import BreakerPolicy, out_of_bounds
 from services.breakers.processor import BreakerProcessor
 from services.common.clock import SystemClock
-from services.common.eventlog import KafkaEventLog
-from services.common.health import (
-    DeferredReadiness,
-    ProcessorMetrics,
-    StreamMetrics,
-    metrics_registry,
-    serve_health,
-)
-from services.common.logs import configure_logging
+from services.common.health import ProcessorMetrics
 from services.common.messages import MessageCodec
+from services.common.process import ProcessParts, ProcessSpec, serve_aggregate
 from services.common.settings import TenureSettings
-from services.common.store import RocksStore
-from services.common.streams import CommandStream, StreamSettings
 from services.common.topics import BREAKERS_COMMANDS
 
 APP_ID = "tenure-breakers"
@@ -46,46 +37,29 @@ def deployment_policy(settings: TenureSettings) -> BreakerPolicy:
     return policy
 
 
-def main() -> None:
-    settings = TenureSettings()
-    configure_logging(settings.log_level, service=APP_ID)
-    policy = deployment_policy(settings)
-    registry, readiness = metrics_registry(), DeferredReadiness()
-    serve_health(APP_ID, settings.breakers_health_port, readiness, registry, settings.api_host)
-    bootstrap = settings.bootstrap_servers()
-    home = settings.state_dir / f"breakers-{settings.instance_id}"
-    store = RocksStore(home / "breakers")
-    # Initialising the transactional writer fences a previous incarnation before any restore.
-    event_log = KafkaEventLog(bootstrap, transactional_id=f"{APP_ID}-{settings.instance_id}")
-    processor = BreakerProcessor(
-        event_log,
-        store,
+def build(parts: ProcessParts, policy: BreakerPolicy) -> BreakerProcessor:
+    return BreakerProcessor(
+        parts.event_log,
+        parts.store,
         MessageCodec(),
         SystemClock(),
         policy,
-        metrics=ProcessorMetrics("breaker", registry),
+        metrics=ProcessorMetrics("breaker", parts.registry),
     )
-    stream = CommandStream(
-        StreamSettings(
-            app_id=APP_ID,
-            bootstrap_servers=bootstrap,
-            topic=BREAKERS_COMMANDS.name,
-            partitions=BREAKERS_COMMANDS.partitions,
-            instance_id=settings.instance_id,
-            data_dir=home / "faust",
-            session_timeout_s=settings.session_timeout_s,
-            framework_log_level=settings.framework_log_level,
-            tick_interval_s=settings.timer_interval_s,
-        ),
-        handler=processor.handle,
-        on_revoked=processor.forget_assignment,
-        on_assigned=processor.restore_partitions,
-        on_tick=processor.tick,
-        restored=processor.restored_partitions,
-        metrics=StreamMetrics(APP_ID, registry),
+
+
+def main() -> None:
+    settings = TenureSettings()
+    policy = deployment_policy(settings)  # bad settings stop it before anything starts
+    spec = ProcessSpec(
+        app_id=APP_ID,
+        health_port=settings.breakers_health_port,
+        state_name="breakers",
+        store_name="breakers",
+        commands=BREAKERS_COMMANDS,
+        tick_interval_s=settings.timer_interval_s,
     )
-    readiness.become(stream.checks)
-    stream.run()
+    serve_aggregate(spec, lambda parts: build(parts, policy), settings=settings)
 
 
 if __name__ == "__main__":

@@ -10,19 +10,10 @@ _LADDER_EPOCH, _POLL_PATIENCE.
 from __future__ import annotations
 
 from services.common.clock import SystemClock
-from services.common.eventlog import KafkaEventLog
-from services.common.health import (
-    DeferredReadiness,
-    ProcessorMetrics,
-    StreamMetrics,
-    metrics_registry,
-    serve_health,
-)
-from services.common.logs import configure_logging
+from services.common.health import ProcessorMetrics
 from services.common.messages import MessageCodec
+from services.common.process import ProcessParts, ProcessSpec, serve_aggregate
 from services.common.settings import TenureSettings
-from services.common.store import RocksStore
-from services.common.streams import CommandStream, StreamSettings
 from services.common.topics import PROGRESS_OBSERVATIONS
 from services.watchdog.domain import Thresholds, out_of_bounds
 from services.watchdog.processor import WatchdogProcessor
@@ -47,46 +38,29 @@ def deployment_thresholds(settings: TenureSettings) -> Thresholds:
     return thresholds
 
 
-def main() -> None:
-    settings = TenureSettings()
-    configure_logging(settings.log_level, service=APP_ID)
-    thresholds = deployment_thresholds(settings)
-    registry, readiness = metrics_registry(), DeferredReadiness()
-    serve_health(APP_ID, settings.watchdog_health_port, readiness, registry, settings.api_host)
-    bootstrap = settings.bootstrap_servers()
-    home = settings.state_dir / f"watchdog-{settings.instance_id}"
-    store = RocksStore(home / "watchdogs")
-    # Initialising the transactional writer fences a previous incarnation before any restore.
-    event_log = KafkaEventLog(bootstrap, transactional_id=f"{APP_ID}-{settings.instance_id}")
-    processor = WatchdogProcessor(
-        event_log,
-        store,
+def build(parts: ProcessParts, thresholds: Thresholds) -> WatchdogProcessor:
+    return WatchdogProcessor(
+        parts.event_log,
+        parts.store,
         MessageCodec(),
         SystemClock(),
         thresholds,
-        metrics=ProcessorMetrics("watchdog", registry),
+        metrics=ProcessorMetrics("watchdog", parts.registry),
     )
-    stream = CommandStream(
-        StreamSettings(
-            app_id=APP_ID,
-            bootstrap_servers=bootstrap,
-            topic=PROGRESS_OBSERVATIONS.name,
-            partitions=PROGRESS_OBSERVATIONS.partitions,
-            instance_id=settings.instance_id,
-            data_dir=home / "faust",
-            session_timeout_s=settings.session_timeout_s,
-            framework_log_level=settings.framework_log_level,
-            tick_interval_s=1.0,  # no timers: the tick only restores partitions not yet restored
-        ),
-        handler=processor.handle,
-        on_revoked=processor.forget_assignment,
-        on_assigned=processor.restore_partitions,
-        on_tick=processor.tick,
-        restored=processor.restored_partitions,
-        metrics=StreamMetrics(APP_ID, registry),
+
+
+def main() -> None:
+    settings = TenureSettings()
+    thresholds = deployment_thresholds(settings)  # bad thresholds stop it before anything starts
+    spec = ProcessSpec(
+        app_id=APP_ID,
+        health_port=settings.watchdog_health_port,
+        state_name="watchdog",
+        store_name="watchdogs",
+        commands=PROGRESS_OBSERVATIONS,
+        tick_interval_s=1.0,  # no timers: the tick only restores partitions not yet restored
     )
-    readiness.become(stream.checks)
-    stream.run()
+    serve_aggregate(spec, lambda parts: build(parts, thresholds), settings=settings)
 
 
 if __name__ == "__main__":
