@@ -42,7 +42,6 @@ from services.common.contracts import (
     BREAKER_EVENT_TYPES,
     BreakerCommand,
     BreakerEvent,
-    CommandRejected,
 )
 from services.common.eventlog import EventLog
 from services.common.health import ProcessorMetrics
@@ -82,17 +81,7 @@ class BreakerDefinition(AggregateDefinition[BreakerState, BreakerCommand, Breake
     ) -> Sequence[BreakerEvent] | Refused:
         decision = decide(state, command, now_ms, self.policy)
         if isinstance(decision, Rejection):
-            current = decision.state
-            return Refused(
-                CommandRejected.of(
-                    command,
-                    decision.code.value,
-                    decision.detail,
-                    current.status.value if current is not None else None,
-                    current.version if current is not None else 0,
-                    now_ms,
-                )
-            )
+            return self.refused(command, decision.code.value, decision.detail, decision.state, now_ms)
         return decision
 
     def evolve(self, state: BreakerState | None, event: BreakerEvent) -> BreakerState:

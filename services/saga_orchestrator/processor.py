@@ -39,7 +39,6 @@ from services.common.contracts import (
     MAX_SUMMARY_CHARS,
     TRAJECTORY_COMMAND_TYPES,
     TRAJECTORY_EVENT_TYPES,
-    CommandRejected,
     IncidentOpened,
     IncidentResolved,
     ObserveStep,
@@ -222,15 +221,8 @@ class TrajectoryDefinition(
     ) -> Sequence[TrajectoryEvent] | Refused:
         decision = decide(state, command, now_ms, context)
         if isinstance(decision, Rejection):
-            return Refused(self._refusal(command, decision, now_ms))
+            return self.refused(command, decision.code.value, decision.detail, decision.state, now_ms)
         return decision
-
-    def _refusal(self, command: TrajectoryCommand, rejection: Rejection, now_ms: int) -> CommandRejected:
-        state = rejection.state
-        status = state.status.value if state is not None else None
-        return CommandRejected.of(
-            command, rejection.code.value, rejection.detail, status, state.version if state else 0, now_ms
-        )
 
     def evolve(self, state: TrajectoryState | None, event: TrajectoryEvent) -> TrajectoryState:
         return evolve(state, event)

@@ -28,7 +28,6 @@ from services.common.clock import Clock
 from services.common.contracts import (
     WATCHDOG_COMMAND_TYPES,
     WATCHDOG_EVENT_TYPES,
-    CommandRejected,
     InterventionIssued,
     RecordWatchdogIntervention,
     WatchdogCommand,
@@ -100,17 +99,7 @@ class WatchdogDefinition(AggregateDefinition[WatchdogState, WatchdogCommand, Wat
     ) -> Sequence[WatchdogEvent] | Refused:
         decision = decide(state, command, now_ms, self.thresholds)
         if isinstance(decision, Rejection):
-            current = decision.state
-            return Refused(
-                CommandRejected.of(
-                    command,
-                    decision.code.value,
-                    decision.detail,
-                    current.status.value if current is not None else None,
-                    current.version if current is not None else 0,
-                    now_ms,
-                )
-            )
+            return self.refused(command, decision.code.value, decision.detail, decision.state, now_ms)
         return decision
 
     def evolve(self, state: WatchdogState | None, event: WatchdogEvent) -> WatchdogState:

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar
 
+from services.common.contracts import CommandRejected
 from services.common.kafka import OutboundRecord
 from services.common.messages import MessageCodec
 from services.common.store import KeyValueStore
@@ -167,6 +168,13 @@ class AggregateDefinition(ABC, Generic[S, C, E, X]):
     @abstractmethod
     def evolve(self, state: S | None, event: E) -> S:
         """The state after `event`."""
+
+    def refused(self, command: C, code: str, detail: str, state: S | None, now_ms: int) -> Refused:
+        """`decide`'s refusal of `command` as every aggregate words one: a CommandRejected with
+        the code, the detail, and the aggregate's status and version when it was refused."""
+        status = self.status(state) if state is not None else None
+        version = self.version(state) if state is not None else 0
+        return Refused(CommandRejected.of(command, code, detail, status, version, now_ms))
 
     # --- identities (the contracts' conventions; override for an aggregate that differs) -------
 
