@@ -250,12 +250,33 @@ def runs_router(ctx: ApiContext) -> APIRouter:
             return JSONResponse(outcome.view, status_code=201, headers=location)
         return outcome.view
 
-    @api.get("/runs/{run_id}", summary="The Run view")
+    @api.get("/runs/{run_id}", summary="The Run view, with its semantic watchdog's ladder if it has one")
     async def get_run(run_id: str) -> Any:
         view = await ctx.view(run_id)
         if view is None:
             raise ApiProblem("run-not-found", f"run {run_id} does not exist", runId=run_id)
-        return view
+        ladder = await _watchdog_ladder(run_id)
+        return view if ladder is None else {**view, "watchdog": ladder}
+
+    async def _watchdog_ladder(run_id: str) -> dict[str, Any] | None:
+        """The watchdog's interventions (WD-5) beside the run, so an operator sees the whole
+        ladder where it looks first; GET /runs/{runId}/watchdog has the evidence in full. A
+        watchdog view that cannot be read leaves the run's answer as it is."""
+        try:
+            watchdog = await ctx.in_thread("the watchdog views", ctx.deps.views.watchdog, run_id)
+        except Exception:  # an unreadable watchdog view must not hide the run
+            return None
+        if watchdog is None:
+            return None
+        return {
+            "status": watchdog["status"],
+            "turn": watchdog["turn"],
+            "rollbacks": watchdog["rollbacks"],
+            "tombstones": watchdog["tombstones"],
+            "interventions": watchdog["interventions"],
+            "pendingIntervention": watchdog["pendingIntervention"],
+            "href": f"/runs/{run_id}/watchdog",
+        }
 
     @api.get("/runs", response_model=RunPage, summary="List runs, oldest submissions first")
     async def list_runs(

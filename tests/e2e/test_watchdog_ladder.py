@@ -270,6 +270,10 @@ def test_wd_5_a_looping_runner_gets_level_1_then_2_then_3_and_the_saga_unwinds_b
         assert dog["status"] == "deadlocked" and [i["level"] for i in dog["interventions"]] == [1, 2, 3]
         assert all(i["evidence"]["detector"] == "cycle" for i in dog["interventions"])
         assert dog["interventions"][1]["acknowledgedAt"].endswith("Z")
+        # An operator sees the whole ladder in the run's own view too.
+        run_view = runner.http.get(f"/runs/{runner.run_id}").json()
+        assert [i["level"] for i in run_view["watchdog"]["interventions"]] == [1, 2, 3]
+        assert run_view["watchdog"]["href"] == f"/runs/{runner.run_id}/watchdog"
         # The run's capabilities are revoked too (a takeover bumps the epoch): the runner is
         # fenced out of its trajectory and its lease.
         wait_until(
