@@ -15,6 +15,7 @@ help:
 	@echo "make bench-saga - unwind overhead (DUR-2); make bench-faults - fault-injection scoreboard (DUR-3)"
 	@echo "make bench-broker-restart - time from kill -9 of the bundled broker until it answers again"
 	@echo "make bench-steps - durable steps beside DBOS / Restate (issue 11; STEPS_ARGS=--quick for a smoke run)"
+	@echo "make bench-breakers - retry herd, fail-fast latency, breaker propagation (issue 13, BRK-2/BRK-3)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -77,6 +78,13 @@ WATCHDOG_LATENCY_ARGS ?= --samples 200
 .PHONY: bench-watchdog-latency
 bench-watchdog-latency: kafka
 	$(BIN)/python -m bench.watchdog_latency $(WATCHDOG_LATENCY_ARGS)
+
+# Tool protection through the real gateway (issue 13, BRK-2/BRK-3): the retry herd, fail-fast
+# latency when open, breaker propagation between two gateways (BREAKERS_ARGS to change it).
+BREAKERS_ARGS ?= --clients 128 --retries 6 --samples 2000 --propagation 30
+.PHONY: bench-breakers
+bench-breakers: kafka
+	$(BIN)/python -m bench.breakers_herd $(BREAKERS_ARGS)
 
 clean:
 	rm -rf $(VENV) .tenure .pytest_cache .mypy_cache .ruff_cache .hypothesis

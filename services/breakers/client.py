@@ -115,11 +115,16 @@ class BreakerClient:
             return next(self._seq)
 
     def _header(
-        self, endpoint: str, kind: str, actor: str | None = None, seq: int | None = None
+        self,
+        endpoint: str,
+        kind: str,
+        actor: str | None = None,
+        seq: int | None = None,
+        command_id: str | None = None,
     ) -> dict[str, Any]:
         seq = self._next_seq() if seq is None else seq
         return {
-            "command_id": derived_id("cmd", self.instance_id, kind, str(seq)),
+            "command_id": command_id or derived_id("cmd", self.instance_id, kind, str(seq)),
             "run_id": endpoint,
             "issued_at": self._clock.now_ms(),
             "correlation_id": endpoint,
@@ -182,25 +187,26 @@ class BreakerClient:
         return await self._send(command, timeout_s)
 
     # --- operators (the caller has checked the operator role) -----------------------------------
+    # `command_id`: the caller's own id for the command (the API derives it from an
+    # Idempotency-Key, so a repeated request is recognised as the same command).
 
     async def force_open(
-        self, endpoint: str, reason: str, actor: str, timeout_s: float = 5.0
+        self, endpoint: str, reason: str, actor: str, timeout_s: float = 5.0, *, command_id: str | None = None
     ) -> Decision | None:
-        return await self._send(
-            ForceOpenBreaker(**self._header(endpoint, "force", actor), reason=reason), timeout_s
-        )
+        header = self._header(endpoint, "force", actor, command_id=command_id)
+        return await self._send(ForceOpenBreaker(**header, reason=reason), timeout_s)
 
     async def disable(
-        self, endpoint: str, reason: str, actor: str, timeout_s: float = 5.0
+        self, endpoint: str, reason: str, actor: str, timeout_s: float = 5.0, *, command_id: str | None = None
     ) -> Decision | None:
-        return await self._send(
-            DisableBreaker(**self._header(endpoint, "disable", actor), reason=reason), timeout_s
-        )
+        header = self._header(endpoint, "disable", actor, command_id=command_id)
+        return await self._send(DisableBreaker(**header, reason=reason), timeout_s)
 
-    async def reset(self, endpoint: str, reason: str, actor: str, timeout_s: float = 5.0) -> Decision | None:
-        return await self._send(
-            ResetBreaker(**self._header(endpoint, "reset", actor), reason=reason), timeout_s
-        )
+    async def reset(
+        self, endpoint: str, reason: str, actor: str, timeout_s: float = 5.0, *, command_id: str | None = None
+    ) -> Decision | None:
+        header = self._header(endpoint, "reset", actor, command_id=command_id)
+        return await self._send(ResetBreaker(**header, reason=reason), timeout_s)
 
     async def _send(self, command: BreakerCommand, timeout_s: float) -> Decision | None:
         record = breaker_command_record(self._codec, command)

@@ -15,6 +15,7 @@ cannot have issued, before authentication and before anything is read or publish
 from __future__ import annotations
 
 import asyncio
+import re
 from contextlib import asynccontextmanager
 from importlib.metadata import version
 from typing import AsyncIterator, Callable
@@ -25,11 +26,13 @@ from fastapi.responses import JSONResponse
 from services.command_api.context import ApiContext, ApiDependencies, open_dependencies
 from services.command_api.problems import CATALOG, ApiProblem, register_problem_handlers
 from services.command_api.routes_admin import admin_router
+from services.command_api.routes_breakers import breakers_router
 from services.command_api.routes_leases import leases_router
 from services.command_api.routes_runs import runs_router
 from services.command_api.routes_trajectories import trajectories_router
 from services.command_api.routes_watchdog import watchdog_router
 from services.command_api.routes_work import work_router
+from services.common.contracts.breakers import ENDPOINT_ID_PATTERN
 from services.common.http_guard import MAX_JSON_DEPTH, HttpGuard
 from services.common.ids import is_attempt_id, is_grant_id, is_incident_id, is_run_id
 from services.common.routing import RecordTooLarge
@@ -49,6 +52,7 @@ API_VERSION = version("tenure")
 # Upload bodies are artifact bytes, streamed and bounded by their grant (routes_work.upload).
 RAW_BODY_PREFIXES = ("/uploads/",)
 MAX_PATH_PARAM = 200
+_ENDPOINT = re.compile(ENDPOINT_ID_PATTERN)
 
 REFUSALS = f"""
 
@@ -66,7 +70,7 @@ REFUSALS = f"""
   member, or a control character (U+0000-U+001F, U+007F) in an identifier or name (free text
   may hold tab, line feed and carriage return): 422 `validation-failed`;
 * a path id that Tenure cannot have issued: 404 `run-not-found` / `grant-not-found` /
-  `not-found`, or 409 `unknown-attempt` for an attempt id.
+  `breaker-not-found` / `not-found`, or 409 `unknown-attempt` for an attempt id.
 """
 
 
@@ -87,6 +91,9 @@ def well_formed_path_ids(request: Request) -> None:
     grant_id = params.get("grant_id")
     if grant_id is not None and not is_grant_id(grant_id):
         raise ApiProblem("grant-not-found", f"{str(grant_id)[:80]!r} is not an upload grant")
+    endpoint = params.get("endpoint")
+    if endpoint is not None and not _ENDPOINT.fullmatch(endpoint):
+        raise ApiProblem("breaker-not-found", f"{str(endpoint)[:80]!r} is not a tool endpoint id")
     incident_id = params.get("incident_id")
     if incident_id is not None and not is_incident_id(incident_id):
         raise ApiProblem("not-found", f"{str(incident_id)[:80]!r} is not an incident id")
@@ -116,7 +123,8 @@ def create_app(open_deps: Callable[[], ApiDependencies], *, max_body_bytes: int 
         version=API_VERSION,
         description="Submit, claim, renew, report, take over and inspect agent runs; drive a "
         "run's trajectory (saga) step by step and resolve its incidents; report a runner's own steps "
-        "to the semantic watchdog and see its interventions. "
+        "to the semantic watchdog and see its interventions; see the tool endpoints' circuit breakers "
+        "and bulkheads, and override a breaker (operators). "
         "Errors are RFC 9457 problem+json; an unexpected failure is a 500 problem, never a page."
         + REFUSALS,
         lifespan=lifespan,
@@ -135,6 +143,7 @@ def create_app(open_deps: Callable[[], ApiDependencies], *, max_body_bytes: int 
     app.include_router(trajectories_router(ctx))
     app.include_router(watchdog_router(ctx))
     app.include_router(admin_router(ctx))
+    app.include_router(breakers_router(ctx))
     app.add_middleware(
         HttpGuard,
         catalog=CATALOG,

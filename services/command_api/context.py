@@ -27,12 +27,15 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from services.breakers.client import BreakerClient
 from services.command_api.auth import Principal, load_api_keys, principal_of
+from services.command_api.breaker_board import ApiBreakerBoard, BreakerHistoryFold, configured_bulkheads
 from services.command_api.models import PendingCommand
 from services.command_api.problems import REJECTION_PROBLEMS, ApiProblem, problem_response
 from services.common.auth import warn_if_development_mode
 from services.common.clock import Clock, SystemClock
 from services.common.contracts import (
+    BREAKER_EVENT_TYPES,
     TRAJECTORY_EVENT_TYPES,
     WATCHDOG_EVENT_TYPES,
     RunCommand,
@@ -53,8 +56,11 @@ from services.common.messages import MessageCodec
 from services.common.objectstore import FilesystemObjectStore, ObjectStore
 from services.common.policy import BlockList
 from services.common.routing import command_record, observation_record, trajectory_command_record
+from services.common.settings import TenureSettings
 from services.common.store import KeyValueStore, RocksStore
 from services.common.topics import (
+    BREAKERS_EVENTS,
+    BREAKERS_REJECTIONS,
     TRAJECTORIES_EVENTS,
     TRAJECTORIES_REJECTIONS,
     WATCHDOG_EVENTS,
@@ -271,8 +277,20 @@ class ApiDependencies:
     # Decisions of the semantic watchdog (watchdog.events / watchdog.rejections); None: its
     # commands are published and answered 202 without waiting for a decision.
     watchdog_decisions: DecisionBook | None = None
+    # The circuit breakers (BRK-1, BRK-2): their states with recent transitions (GET /breakers),
+    # the client the operators' commands go through, and the decisions it waits for; None: the
+    # breaker routes answer 503.
+    breakers: BreakerHistoryFold | None = None
+    breaker_client: BreakerClient | None = None
+    breaker_decisions: DecisionBook | None = None
+    # The effect gateway's bulkheads as configured (BRK-4; GET /bulkheads), or why they cannot be.
+    bulkheads: dict[str, Any] | str | None = None
 
     def close(self) -> None:
+        if self.breakers is not None:
+            self.breakers.close()
+        if self.breaker_decisions is not None:
+            self.breaker_decisions.close()
         if self.watchdog_decisions is not None:
             self.watchdog_decisions.close()
         self.blocks.close()
@@ -311,12 +329,20 @@ def open_dependencies(
         event_types=WATCHDOG_EVENT_TYPES,
         client_id="tenure-api-watchdog-decisions",
     )
+    breaker_decisions = DecisionListener(
+        bootstrap_servers,
+        codec,
+        topics=(BREAKERS_EVENTS.name, BREAKERS_REJECTIONS.name),
+        event_types=BREAKER_EVENT_TYPES,
+        client_id="tenure-api-breaker-decisions",
+    )
+    publisher = CommandPublisher(
+        bootstrap_servers,
+        client_id="tenure-command-api",
+        delivery_timeout_s=delivery_timeout_for(decision_timeout_s),
+    )
     return ApiDependencies(
-        publisher=CommandPublisher(
-            bootstrap_servers,
-            client_id="tenure-command-api",
-            delivery_timeout_s=delivery_timeout_for(decision_timeout_s),
-        ),
+        publisher=publisher,
         decisions=decisions,
         views=ViewReader(
             views_path,
@@ -333,6 +359,12 @@ def open_dependencies(
         blocks=BlockList(bootstrap_servers, client_id="tenure-api-policy"),
         trajectory_decisions=trajectory_decisions,
         watchdog_decisions=watchdog_decisions,
+        breakers=ApiBreakerBoard(bootstrap_servers, codec, client_id="tenure-api-breakers"),
+        breaker_client=BreakerClient(
+            publisher, breaker_decisions, "tenure-command-api", actor="tenure-command-api", codec=codec
+        ),
+        breaker_decisions=breaker_decisions,
+        bulkheads=configured_bulkheads(TenureSettings()),
     )
 
 

@@ -7,13 +7,15 @@ do, and says whether it runs in development mode (no API keys):
 
 `GET /readyz` (readiness) checks what a request needs: Kafka answers a metadata request (cached
 for a second, so a busy poller costs the broker nothing), the views store is open and catches up
-with the projector, and the decision followers (run and trajectory decisions) and the block
-policy follower are following. Ready:
+with the projector, and the decision followers (run, trajectory, watchdog and breaker
+decisions), the block policy follower and the circuit breakers' board (breakers.events folded up
+to where the log ended at start-up) are following. Ready:
 
     200 {"status": "ready", "service": "tenure-command-api", "developmentMode": false,
          "checks": {"kafka": {"ready": true, "detail": "..."}, "views": {...},
                     "runDecisions": {"ready": true, "detail": "...", "lag": 0},
-                    "trajectoryDecisions": {...}, "blockPolicy": {...}}}
+                    "trajectoryDecisions": {...}, "watchdogDecisions": {...},
+                    "blockPolicy": {...}, "breakers": {...}, "breakerDecisions": {...}}}
 
 Not ready: 503 application/problem+json with Retry-After, type /problems/not-ready,
 `notReady` (the names of the failing checks, in the order above) and the same `checks`.
@@ -107,6 +109,18 @@ def health_router(ctx: ApiContext) -> APIRouter:
                 return FollowerHealth(True, "no watchdog follower configured")
             return await asyncio.to_thread(listener.health)
 
+        async def breakers() -> FollowerHealth:
+            board = d.breakers
+            if board is None:  # a harness without the breakers' follower
+                return FollowerHealth(True, "no breaker follower configured")
+            return await asyncio.to_thread(board.health)
+
+        async def breaker_decisions() -> FollowerHealth:
+            listener = d.breaker_decisions
+            if listener is None:
+                return FollowerHealth(True, "no breaker decision follower configured")
+            return await asyncio.to_thread(listener.health)
+
         results = await asyncio.gather(
             check("kafka", kafka),
             check("views", views),
@@ -114,6 +128,8 @@ def health_router(ctx: ApiContext) -> APIRouter:
             check("trajectoryDecisions", trajectory_decisions),
             check("watchdogDecisions", watchdog_decisions),
             check("blockPolicy", block_policy),
+            check("breakers", breakers),
+            check("breakerDecisions", breaker_decisions),
         )
         checks = dict(results)
         not_ready = [name for name, body in results if not body["ready"]]

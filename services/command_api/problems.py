@@ -11,7 +11,12 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from services.common.contracts import RejectionCode, TrajectoryRejectionCode, WatchdogRejectionCode
+from services.common.contracts import (
+    BreakerRejectionCode,
+    RejectionCode,
+    TrajectoryRejectionCode,
+    WatchdogRejectionCode,
+)
 from services.common.problem_json import (
     COMMON_PROBLEMS,
     Problem,
@@ -21,6 +26,8 @@ from services.common.problem_json import (
 )
 
 __all__ = [
+    "BREAKER_PROBLEMS",
+    "BREAKER_REJECTION_PROBLEMS",
     "CATALOG",
     "PROBLEM_TYPES",
     "REJECTION_PROBLEMS",
@@ -246,6 +253,40 @@ WATCHDOG_REJECTION_PROBLEMS: dict[str, str] = {
     WatchdogRejectionCode.WATCHDOG_DEADLOCKED: "semantic-deadlock",
 }
 
+# The circuit breakers' problems (routes_breakers.py, BRK-1, BRK-2).
+BREAKER_PROBLEMS: tuple[ProblemType, ...] = (
+    ProblemType(
+        "breaker-not-found",
+        "No breaker for this endpoint",
+        404,
+        "A tool endpoint's breaker begins with the first call the effect gateway reports to it; "
+        "GET /breakers lists the breakers there are. An endpoint id is letters, digits and "
+        "._:/@- (at most 200).",
+    ),
+    ProblemType(
+        "breaker-conflict",
+        "The breaker is in that state already",
+        409,
+        "The breaker refused the operator's command in its current state (`code`: "
+        "BREAKER_FORCED_OPEN, BREAKER_DISABLED, ...; `currentStatus`): nothing was recorded. A "
+        "reset is always accepted.",
+    ),
+)
+
+# The breaker's rejection codes, each mapped explicitly (tests/unit/test_breaker_routes.py checks
+# that every code is listed). Only the operators' commands come from the API; the canary's and
+# the outcomes' codes are listed so a new code cannot fall through silently.
+BREAKER_REJECTION_PROBLEMS: dict[str, str] = {
+    BreakerRejectionCode.INVALID_COMMAND: "validation-failed",
+    BreakerRejectionCode.BREAKER_NOT_FOUND: "breaker-not-found",
+    BreakerRejectionCode.BREAKER_CLOSED: "breaker-conflict",
+    BreakerRejectionCode.BREAKER_DISABLED: "breaker-conflict",
+    BreakerRejectionCode.BREAKER_OPEN: "breaker-conflict",
+    BreakerRejectionCode.BREAKER_FORCED_OPEN: "breaker-conflict",
+    BreakerRejectionCode.CANARY_IN_FLIGHT: "breaker-conflict",
+    BreakerRejectionCode.CANARY_NOT_HELD: "breaker-conflict",
+}
+
 
 PROBLEM_TYPES: dict[str, ProblemType] = {
     p.slug: p
@@ -319,7 +360,8 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
             "Your role may not do this",
             403,
             "The caller's role or identity does not allow this action: takeovers, the block "
-            "policy, approvals and incidents need the operator role (LEASE-7); a run is "
+            "policy, approvals, incidents and the circuit breakers' overrides need the operator "
+            "role (LEASE-7); a run is "
             "cancelled, retried or answered by its submitter or an operator; `detail` says which.",
         ),
         ProblemType(
@@ -453,6 +495,7 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
 }
 PROBLEM_TYPES.update({p.slug: p for p in TRAJECTORY_PROBLEMS if p.slug not in PROBLEM_TYPES})
 PROBLEM_TYPES.update({p.slug: p for p in WATCHDOG_PROBLEMS if p.slug not in PROBLEM_TYPES})
+PROBLEM_TYPES.update({p.slug: p for p in BREAKER_PROBLEMS if p.slug not in PROBLEM_TYPES})
 PROBLEM_TYPES.update({p.slug: p for p in COMMON_PROBLEMS if p.slug not in PROBLEM_TYPES})
 CATALOG = ProblemCatalog(PROBLEM_TYPES.values())
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -155,6 +155,18 @@ class Pool:
             self.completed += 1
             self._release()
 
+    @contextlib.asynccontextmanager
+    async def slot(self, tool: str) -> AsyncIterator[Pool]:
+        """Hold one slot of this pool for a protocol of several calls (the gateway's intent,
+        dispatch and probes of one effect): admitted or refused exactly like `run`, but the
+        caller bounds each of its calls by `limits.timeout_ms` itself (and counts `timed_out`)."""
+        await self._acquire(tool)
+        try:
+            yield self
+        finally:
+            self.completed += 1
+            self._release()
+
     async def _acquire(self, tool: str) -> None:
         if self.active < self.limits.concurrency and not self._waiting:
             self.active += 1
@@ -250,6 +262,10 @@ class Bulkheads:
     async def run(self, tool: str, call: Callable[[], Awaitable[T]]) -> T:
         """Run `call()` in `tool`'s pool: BulkheadFull at once when it is full, ToolTimedOut late."""
         return await self.pool_for(tool).run(tool, call)
+
+    def slot(self, tool: str) -> contextlib.AbstractAsyncContextManager[Pool]:
+        """Hold a slot of `tool`'s pool for several calls (see `Pool.slot`)."""
+        return self.pool_for(tool).slot(tool)
 
     def connection_limit(self) -> int:
         """HTTP connections the pools can use at once: size the client's pool to this."""

@@ -73,6 +73,13 @@ class TenureSettings(BaseSettings):
         description="The API key Tenure's own processes (saga orchestrator) present; its principal "
         "must have the service role in TENURE_API_KEYS.",
     )
+    # --- the `tenure` CLI's commands that go through the API (tenure breakers) ---
+    cli_api_url: str = Field(
+        default="", description="The API the CLI talks to; empty = http://<api host>:<api port>."
+    )
+    cli_api_key: str = Field(
+        default="", description="The API key the CLI presents (an operator's, for breaker overrides)."
+    )
     # --- HTTP limits ---
     max_body_bytes: int = Field(
         default=1_048_576, ge=1024, le=64 * 1_048_576, description="Largest request body (413 above)."

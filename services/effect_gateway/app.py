@@ -4,7 +4,10 @@ Every write authenticates the caller (`Authorization: Bearer <key>`, keys from T
 and the gateway checks that the caller holds the lease it acts under, or has the `service` role
 (the saga orchestrator acting for a trajectory): knowing a run id, an attempt id and an epoch is
 not enough (LEASE-1, LEASE-3). A refused request records nothing. Errors are RFC 9457
-problem+json from the gateway's catalog (`/problems/{slug}` says what each means).
+problem+json from the gateway's catalog (`/problems/{slug}` says what each means). Before an
+effect is recorded, its tool's circuit breaker and bulkhead may refuse it (`circuit-open`,
+`bulkhead-full`: services/effect_gateway/protection.py); GET /breakers and GET /bulkheads show
+them as this instance sees them.
 
 Input is bounded to what the log can carry: integers fit an Avro `long`, ids are short visible
 ASCII (the idempotency key also travels in an HTTP header), and the body passes the shared
@@ -93,6 +96,28 @@ GATEWAY_PROBLEMS: tuple[ProblemType, ...] = (
     ),
     ProblemType("unknown-tool", "No such tool", 422, "The gateway has no tool of this name (TENURE_TOOLS)."),
     ProblemType(
+        "circuit-open",
+        "The tool's circuit breaker is open",
+        424,
+        "The fleet-wide circuit breaker of the tool (`dependency`; one per tool of TENURE_TOOLS) "
+        "fails calls fast: it opened on the tool's transport failures, is forced open by an "
+        "operator, or is half-open with its one canary in flight elsewhere (BRK-2). This is the "
+        "synthetic observation ERR_CIRCUIT_OPEN (`code`, `observation`): nothing was recorded or "
+        "sent. Retry after `retryAfterMs` (the cooldown remaining; `Retry-After` in seconds) with "
+        "full jitter on top; keep the idempotency key when `pendingIntent` is true (an earlier "
+        "try under it is recorded and unsettled). 424 (Failed Dependency), not 503: the gateway "
+        "works, the tool it depends on does not.",
+    ),
+    ProblemType(
+        "bulkhead-full",
+        "External tool queue saturated; defer execution",
+        429,
+        "The tool's bulkhead (its domain's pool, or its own: `pool`, `domain`) runs as many calls "
+        "as it may and its bounded queue is full, or the call waited longer than the pool's "
+        "timeout for a slot (BRK-4, ERR_BULKHEAD_FULL). Nothing was recorded or sent; defer and "
+        "retry with full-jitter backoff. Other domains' pools are not affected.",
+    ),
+    ProblemType(
         "tool-failed",
         "The tool refused the effect",
         502,
@@ -103,8 +128,9 @@ GATEWAY_PROBLEMS: tuple[ProblemType, ...] = (
         "outcome-unknown",
         "The outcome is unknown",
         504,
-        "No usable answer from the tool and the probe found nothing: retry with the same "
-        "idempotency key; the gateway reconciles before any re-dispatch (REC-6).",
+        "No usable answer from the tool and the probe found nothing (or the tool's circuit "
+        "breaker opened, so it was not probed): retry with the same idempotency key; the gateway "
+        "reconciles before any re-dispatch (REC-6).",
     ),
     ProblemType(
         "not-ready",
@@ -294,6 +320,21 @@ def create_app(
     async def verify(body: VerifyBody, who: Caller) -> Any:
         answer = await gateway().verify(body.tool, body.verifier, body.runId, body.payload, who)
         return {"status": answer.status, "result": answer.body}
+
+    @app.get("/breakers", summary="The tools' circuit breakers as this gateway instance follows them")
+    async def breakers(who: Caller) -> Any:
+        gw = gateway()
+        return gw.protection.snapshot(gw.tool_names())
+
+    @app.get("/bulkheads", summary="This gateway instance's bulkhead pools (BRK-4)")
+    async def bulkheads(who: Caller) -> Any:
+        gw = gateway()
+        protection = gw.protection
+        return {
+            "pools": protection.bulkheads.snapshot(),
+            "tools": {tool: protection.bulkheads.pool_for(tool).name for tool in gw.tool_names()},
+            "connectionLimit": protection.bulkheads.connection_limit(),
+        }
 
     @app.get("/healthz", summary="Liveness: the process answers")
     async def healthz() -> Any:

@@ -14,28 +14,47 @@ Protocol for one effect (numbered, because a crash can cut it anywhere):
      committed; absent after a 5xx answer means that answer was a definite failure; absent after
      no answer means one more dispatch with the same key; still nothing means "unknown".
   6. Record the outcome (committed / failed / unknown) through the coordinator.
+
+Tool protection (services/effect_gateway/protection.py, BRK-1/2/4) sits between 1 and 2: an
+effect whose tool's circuit breaker is open, or whose bulkhead is full, is refused before its
+intent is recorded (`circuit-open` ERR_CIRCUIT_OPEN, `bulkhead-full` ERR_BULKHEAD_FULL), and
+every call of 3-5 is bounded by the bulkhead's timeout and reported to the breaker. The canary
+of a half-open breaker is one call: if it fails, the effect's outcome is left "unknown" for the
+next try under the same key to reconcile, instead of probing an endpoint that just failed again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import threading
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
+from services.breakers.client import BreakerClient
+from services.breakers.view import BreakerBoard
 from services.common.auth import Principal
 from services.common.backoff import Backoff
+from services.common.bulkhead import BulkheadFull, Bulkheads
 from services.common.clock import SystemClock
-from services.common.contracts import EVENT_TYPES, InterventionIssued, RecordEffectIntent, RecordEffectOutcome
+from services.common.contracts import (
+    BREAKER_EVENT_TYPES,
+    EVENT_TYPES,
+    InterventionIssued,
+    RecordEffectIntent,
+    RecordEffectOutcome,
+)
 from services.common.decisions import DecisionListener, Rejected, publish_and_await
 from services.common.ids import derived_id
 from services.common.kafka import CommandPublisher, TopicFollower
 from services.common.messages import MessageCodec, UndecodableRecord
-from services.common.problem_json import Problem
 from services.common.routing import command_record
-from services.common.topics import RUNS_EVENTS, WATCHDOG_EVENTS
+from services.common.settings import TenureSettings
+from services.common.topics import BREAKERS_EVENTS, BREAKERS_REJECTIONS, RUNS_EVENTS, WATCHDOG_EVENTS
 from services.effect_gateway.fencing import (
     FencingView,
     Refusal,
@@ -46,6 +65,8 @@ from services.effect_gateway.fencing import (
     fold_tombstones,
     tombstoned_action,
 )
+from services.effect_gateway.protection import CircuitOpen, Guarded, ToolProtection
+from services.effect_gateway.refusals import EffectRefused, bulkhead_full_problem, circuit_open_problem
 from services.effect_gateway.tools import ToolAnswer, ToolRegistry, ToolUnreachable
 
 __all__ = [
@@ -55,7 +76,10 @@ __all__ = [
     "EffectRequest",
     "EffectResult",
     "Gateway",
+    "bulkhead_full_problem",
+    "circuit_open_problem",
     "effect_id_for",
+    "instance_id_for",
 ]
 
 log = logging.getLogger("tenure.effect_gateway")
@@ -82,6 +106,14 @@ def effect_id_for(run_id: str, idempotency_key: str) -> str:
     return derived_id("eff", run_id, idempotency_key)
 
 
+def instance_id_for(settings: TenureSettings) -> str:
+    """This gateway process to the breakers: the canary slot's holder and the outcomes' source.
+
+    The host and the process id are part of it, so two gateways left at the default
+    TENURE_INSTANCE_ID never pass for one (their outcome numbers would shadow each other's)."""
+    return f"gw-{settings.instance_id}@{socket.gethostname()}:{os.getpid()}"[:128]
+
+
 @dataclass(frozen=True)
 class EffectRequest:
     run_id: str
@@ -105,16 +137,24 @@ class EffectResult:
     replayed: bool = False
 
 
-class EffectRefused(Problem):
-    """The gateway's refusals: a problem of its catalog (services.effect_gateway.app.CATALOG)."""
-
-
 def _refused(refusal: Refusal, **extensions: Any) -> EffectRefused:
     return EffectRefused(refusal.slug, refusal.detail, **extensions)
 
 
 class Gateway:
-    def __init__(self, bootstrap_servers: str, tools: ToolRegistry, decision_timeout_s: float = 5.0) -> None:
+    """`bulkheads` None: from the settings (the registry's connection pool should be sized from
+    the same, see __main__)."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        tools: ToolRegistry,
+        decision_timeout_s: float = 5.0,
+        *,
+        settings: TenureSettings | None = None,
+        bulkheads: Bulkheads | None = None,
+    ) -> None:
+        settings = settings or TenureSettings()
         self._codec = MessageCodec()
         self._clock = SystemClock()
         self._tools = tools
@@ -131,6 +171,30 @@ class Gateway:
         self._follow_failure: str | None = None
         self._publisher = CommandPublisher(bootstrap_servers, client_id="tenure-effect-gateway")
         self._decisions = DecisionListener(bootstrap_servers, self._codec)
+        # The breakers (BRK-2): their state folded here from breakers.events, and a client that
+        # reports outcomes and asks for canaries through this gateway's own publisher.
+        self._board = BreakerBoard(bootstrap_servers, self._codec, client_id="tenure-gateway-breakers")
+        self._breaker_decisions = DecisionListener(
+            bootstrap_servers,
+            self._codec,
+            topics=(BREAKERS_EVENTS.name, BREAKERS_REJECTIONS.name),
+            event_types=BREAKER_EVENT_TYPES,
+            client_id="tenure-gateway-breaker-decisions",
+        )
+        client = BreakerClient(
+            self._publisher,
+            self._breaker_decisions,
+            instance_id_for(settings),
+            actor=ACTOR,
+            codec=self._codec,
+        )
+        self._protection = ToolProtection(
+            self._board,
+            client,
+            bulkheads or Bulkheads.from_settings(settings),
+            tool_timeout_s=settings.tool_timeout_s,
+            slow_call_ms=settings.breaker_slow_call_ms,
+        )
         self._thread = threading.Thread(target=self._follow, name="gateway-follower", daemon=True)
         self._thread.start()
 
@@ -212,12 +276,23 @@ class Gateway:
         following = self._thread.is_alive() and self._follow_failure is None
         unreachable = self._publisher.reachable()
         decisions = self._decisions.health()
+        board = self._board.health()
+        breaker_decisions = self._breaker_decisions.health()
         return {
             "caughtUp": _check(self.ready, f"{' and '.join(FOLLOWED)} read to their end as of start-up"),
             "following": _check(following, self._follow_failure or f"following {', '.join(FOLLOWED)}"),
             "kafka": _check(unreachable is None, unreachable or "the publisher reaches a broker"),
             "decisions": _check(decisions.ready, decisions.detail),
+            "breakers": _check(board.ready, board.detail),
+            "breakerDecisions": _check(breaker_decisions.ready, breaker_decisions.detail),
         }
+
+    @property
+    def protection(self) -> ToolProtection:
+        return self._protection
+
+    def tool_names(self) -> list[str]:
+        return self._tools.names()
 
     def view(self, run_id: str) -> FencingView | None:
         with self._lock:
@@ -275,13 +350,20 @@ class Gateway:
             )
         if known == "failed":
             return EffectResult(effect_id, known, None, None, reconciled=False, replayed=True)
-        if known is None:
-            await self._record_intent(request, effect_id)  # step 2
-        else:
-            reconciled = await self._reconcile(request, effect_id)  # step 3
-            if reconciled is not None:
-                return reconciled
-        return await self._dispatch(request, effect_id)
+        try:
+            # Tool protection before step 2: a refusal here records nothing and sends nothing.
+            async with self._protection.guard(request.tool) as guard:
+                if known is None:
+                    await self._record_intent(request, effect_id)  # step 2
+                else:
+                    reconciled = await self._reconcile(request, effect_id, guard)  # step 3
+                    if reconciled is not None:
+                        return reconciled
+                return await self._dispatch(request, effect_id, guard)
+        except CircuitOpen as exc:
+            raise circuit_open_problem(exc, pending_intent=known is not None) from None
+        except BulkheadFull as exc:
+            raise bulkhead_full_problem(exc, pending_intent=known is not None) from None
 
     def _refuse_tombstoned(self, request: EffectRequest) -> None:
         names = effect_action_hashes(request.tool, request.operation, request.payload, request.action_hash)
@@ -302,9 +384,18 @@ class Gateway:
             actionHash=hit,
         )
 
-    async def _stored_result(self, request: EffectRequest) -> dict[str, Any] | None:
+    async def _stored_result(
+        self, request: EffectRequest, guard: Guarded | None = None
+    ) -> dict[str, Any] | None:
+        """The recipient's stored result under the key; `guard`: a call of an admitted effect
+        (timed and reported to the breaker), None: a replay's lookup outside protection."""
         try:
-            probe = await self._tools.probe(request.tool, request.idempotency_key)
+            if guard is None:
+                probe = await self._tools.probe(request.tool, request.idempotency_key)
+            else:
+                probe = await guard.call(
+                    lambda: self._tools.probe(request.tool, request.idempotency_key), probe=True
+                )
         except ToolUnreachable:
             return None
         return probe.body if probe.status == 200 else None
@@ -323,7 +414,12 @@ class Gateway:
             if refusal is not None:
                 raise _refused(refusal, runId=run_id)
         try:
-            return await self._tools.verify(tool, verifier, run_id, payload)
+            async with self._protection.guard(tool) as guard:
+                return await guard.call(lambda: self._tools.verify(tool, verifier, run_id, payload))
+        except CircuitOpen as exc:
+            raise circuit_open_problem(exc) from None
+        except BulkheadFull as exc:
+            raise bulkhead_full_problem(exc) from None
         except ToolUnreachable as exc:
             raise EffectRefused("outcome-unknown", str(exc)) from exc
 
@@ -362,9 +458,11 @@ class Gateway:
             # Without a durable intent nothing may be sent (intent before action).
             raise EffectRefused("unavailable", "the intent was not confirmed in time; nothing was sent")
 
-    async def _reconcile(self, request: EffectRequest, effect_id: str) -> EffectResult | None:
+    async def _reconcile(self, request: EffectRequest, effect_id: str, guard: Guarded) -> EffectResult | None:
         try:
-            probe = await self._tools.probe(request.tool, request.idempotency_key)
+            probe = await guard.call(
+                lambda: self._tools.probe(request.tool, request.idempotency_key), probe=True
+            )
         except ToolUnreachable as exc:
             raise EffectRefused("outcome-unknown", f"cannot reconcile: {exc}") from exc
         if probe.status == 200:
@@ -372,23 +470,38 @@ class Gateway:
             return EffectResult(effect_id, "committed", probe.status, probe.body, reconciled=True)
         return None
 
-    async def _dispatch(self, request: EffectRequest, effect_id: str) -> EffectResult:
+    async def _dispatch(self, request: EffectRequest, effect_id: str, guard: Guarded) -> EffectResult:
         answer: ToolAnswer | None = None
+
+        def send() -> Awaitable[ToolAnswer]:
+            return self._tools.dispatch(
+                request.tool,
+                request.run_id,
+                request.epoch,
+                request.idempotency_key,
+                request.operation,
+                request.payload,
+            )
+
         for attempt in (1, 2):
             try:
-                answer = await self._tools.dispatch(
-                    request.tool,
-                    request.run_id,
-                    request.epoch,
-                    request.idempotency_key,
-                    request.operation,
-                    request.payload,
-                )
+                answer = await guard.call(send)
                 break
             except ToolUnreachable as exc:
+                if guard.blocked:
+                    # The canary failed, or the breaker opened: no probe of a failing endpoint
+                    # now. The intent is recorded; the next try under this key reconciles first.
+                    await self._record_outcome(request, effect_id, "unknown", f"{exc}; breaker open")
+                    raise EffectRefused(
+                        "outcome-unknown",
+                        f"{exc}; the circuit breaker of {guard.endpoint} is open, so the effect was "
+                        "not probed: retry with the same idempotency key once it closes",
+                    ) from exc
                 log.warning("dispatch of %s failed (%s); probing before any retry", effect_id, exc)
                 try:
-                    probe: ToolAnswer | None = await self._tools.probe(request.tool, request.idempotency_key)
+                    probe: ToolAnswer | None = await guard.call(
+                        lambda: self._tools.probe(request.tool, request.idempotency_key), probe=True
+                    )
                 except ToolUnreachable:
                     probe = None
                 if probe is not None and probe.status == 200:  # step 5: it happened after all
@@ -408,7 +521,7 @@ class Gateway:
             if "raw" in answer.body:
                 # The effect happened but its answer is garbled: the recipient's stored result,
                 # fetched by the same idempotency key, is the answer (REC-6 applied to corruption).
-                stored = await self._stored_result(request)
+                stored = None if guard.blocked else await self._stored_result(request, guard)
                 if stored is not None:
                     return EffectResult(effect_id, "committed", answer.status, stored, reconciled=True)
             return EffectResult(effect_id, "committed", answer.status, answer.body, reconciled=False)
@@ -463,6 +576,8 @@ class Gateway:
 
     async def close(self) -> None:
         self._stop.set()
+        self._board.close()
+        self._breaker_decisions.close()
         self._decisions.close()
         self._publisher.close()
         await self._tools.close()

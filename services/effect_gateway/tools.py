@@ -12,6 +12,7 @@ from urllib.parse import quote
 
 import httpx
 
+from services.common.bulkhead import Bulkheads
 from services.common.settings import TenureSettings
 
 __all__ = ["ToolAnswer", "ToolRegistry", "ToolUnreachable", "parse_tools"]
@@ -53,18 +54,33 @@ class ToolAnswer:
 class ToolRegistry:
     """Tools by name (TENURE_TOOLS="ledger=http://127.0.0.1:9100,...").
 
-    `transport` exists for tests (httpx.MockTransport)."""
+    `max_connections`: the HTTP connections open at once, across the tools. The gateway sizes it
+    from its bulkheads (`Bulkheads.connection_limit()`, BRK-4): every pool's slots can each hold
+    a connection, and no more can be in flight, where httpx's default would cap every domain
+    together at 100. `transport` exists for tests (httpx.MockTransport)."""
 
     def __init__(
-        self, tools: dict[str, str], timeout_s: float = 5.0, transport: httpx.AsyncBaseTransport | None = None
+        self,
+        tools: dict[str, str],
+        timeout_s: float = 5.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+        *,
+        max_connections: int = 100,
     ) -> None:
         self._tools = tools
-        self._client = httpx.AsyncClient(timeout=timeout_s, transport=transport)
+        self.max_connections = max_connections
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._client = httpx.AsyncClient(timeout=timeout_s, transport=transport, limits=limits)
 
     @classmethod
-    def from_settings(cls, settings: TenureSettings | None = None) -> ToolRegistry:
+    def from_settings(
+        cls, settings: TenureSettings | None = None, bulkheads: Bulkheads | None = None
+    ) -> ToolRegistry:
         settings = settings or TenureSettings()
-        return cls(parse_tools(settings.tools), settings.tool_timeout_s)
+        bulkheads = bulkheads or Bulkheads.from_settings(settings)
+        return cls(
+            parse_tools(settings.tools), settings.tool_timeout_s, max_connections=bulkheads.connection_limit()
+        )
 
     def knows(self, tool: str) -> bool:
         return tool in self._tools

@@ -12,6 +12,10 @@ A stop request (cancel, EXE-7; deadline, EXE-10) comes on a renewal answer: the 
 `stop_requested` / `wait_for_stop_request()` / `on_stop_requested` callback tell the runner, which
 stops and confirms with `keeper.finish("cancelled")`.
 
+An effect whose tool's fleet-wide circuit breaker is open raises CircuitOpen (BRK-2: the
+dependency and the cooldown remaining; nothing was dispatched), and the client does not send it
+again before that cooldown; `client.breaker(endpoint)` reads a breaker.
+
 A run whose steps are a saga (SAGA-1..7) goes through TrajectoryClient (trajectory.py): the
 runner proposes each step and the orchestrator dispatches, compensates and recovers.
 
@@ -53,6 +57,7 @@ from services.runner_sdk.checkpoints import (
 )
 from services.runner_sdk.client import (
     REPORT_OUTCOMES,
+    BreakerView,
     EffectResult,
     Lease,
     RenewalAnswer,
@@ -60,7 +65,9 @@ from services.runner_sdk.client import (
     TenureClient,
 )
 from services.runner_sdk.errors import (
+    ERR_CIRCUIT_OPEN,
     ActionTombstoned,
+    CircuitOpen,
     FencedByRecipient,
     InvalidCertaintyTransition,
     LeaseConflict,
@@ -106,6 +113,7 @@ __all__ = [
     "DEFAULT_IGNORED",
     "DEFAULT_JSON_FILES",
     "DEFAULT_VOLATILE_KEYS",
+    "ERR_CIRCUIT_OPEN",
     "INTERRUPT",
     "IN_FLIGHT_STATUSES",
     "REPORT_OUTCOMES",
@@ -114,11 +122,13 @@ __all__ = [
     "TERMINAL_CERTAINTIES",
     "TRANSITIONS",
     "ActionTombstoned",
+    "BreakerView",
     "Certainty",
     "CertaintyTracker",
     "Checkpoint",
     "CheckpointMissing",
     "Checkpoints",
+    "CircuitOpen",
     "EffectResult",
     "FencedByRecipient",
     "Intervention",

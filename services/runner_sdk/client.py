@@ -6,10 +6,18 @@ frozen value; every problem+json answer becomes a specific exception (see errors
 connection error, a timeout, a 5xx or a 202 (accepted, not yet decided) becomes
 `TenureUnavailable`: the request may have taken effect, so it is reported as an unknown outcome,
 never as a refusal.
+
+Circuit breakers (BRK-2): an answer `circuit-open` / ERR_CIRCUIT_OPEN (the dependency's
+fleet-wide breaker is open; nothing was dispatched) raises `CircuitOpen` with the dependency and
+the cooldown remaining, and the client refuses the same call itself, without sending it, until
+that cooldown has passed: a runner's retry loop cannot hammer an open breaker. `breaker(endpoint)`
+reads a breaker (GET /breakers/{endpoint}).
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
@@ -18,7 +26,9 @@ from urllib.parse import quote
 import httpx
 
 from services.runner_sdk.errors import (
+    ERR_CIRCUIT_OPEN,
     ActionTombstoned,
+    CircuitOpen,
     FencedByRecipient,
     LeaseConflict,
     OutcomeUnknown,
@@ -34,6 +44,7 @@ from services.runner_sdk.interventions import Intervention, as_inbox
 
 __all__ = [
     "REPORT_OUTCOMES",
+    "BreakerView",
     "EffectResult",
     "Lease",
     "RenewalAnswer",
@@ -47,7 +58,7 @@ __all__ = [
 # requested stop (EXE-7); `preparation_failed` says no external effect happened yet (EXE-11).
 ReportOutcome = Literal["succeeded", "failed", "cancelled", "preparation_failed"]
 REPORT_OUTCOMES: tuple[ReportOutcome, ...] = ("succeeded", "failed", "cancelled", "preparation_failed")
-_Operation = Literal["claim", "heartbeat", "report", "effect"]
+_Operation = Literal["claim", "heartbeat", "report", "effect", "breaker"]
 _T = TypeVar("_T")
 
 
@@ -102,6 +113,25 @@ class EffectResult:
     reconciled: bool
 
 
+@dataclass(frozen=True)
+class BreakerView:
+    """A tool endpoint's circuit breaker as GET /breakers/{endpoint} shows it (BRK-1, BRK-2).
+
+    `fails_fast`: calls to it fail with ERR_CIRCUIT_OPEN now; `retry_after_s`: what such a call
+    is told to wait; `cooldown_remaining_s`: an open breaker's time left before it half-opens.
+    `view` is the whole answer (window, canary, transitions with their evidence)."""
+
+    endpoint: str
+    status: str
+    fails_fast: bool
+    cooldown_remaining_s: float
+    retry_after_s: float
+    error_rate: float
+    canary_holder: str | None
+    reason: str | None
+    view: Mapping[str, Any]
+
+
 def api_http_client(
     api_key: str | None, timeout_s: float, transport: httpx.BaseTransport | None = None
 ) -> httpx.Client:
@@ -131,6 +161,7 @@ class TenureClient:
         *,
         transport: httpx.BaseTransport | None = None,
         on_intervention: Callable[[Intervention], None] | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
@@ -139,6 +170,10 @@ class TenureClient:
         self.timeout_s = timeout_s
         self._http = api_http_client(api_key, timeout_s, transport)
         self.interventions = as_inbox(on_intervention)
+        # BRK-2: calls answered circuit-open, refused here until (monotonic s) their cooldown ends.
+        self._clock = clock or time.monotonic
+        self._circuits: dict[str, tuple[float, CircuitOpen]] = {}
+        self._circuits_lock = threading.Lock()
 
     def close(self) -> None:
         self._http.close()
@@ -273,7 +308,8 @@ class TenureClient:
         }
         if action_hash is not None:
             body["actionHash"] = action_hash
-        answer = self._post("effect", f"{self._gateway_url}/effects", body, timeout_s=timeout_s)
+        url, circuit = f"{self._gateway_url}/effects", f"effect {tool}/{operation}"
+        answer = self._post("effect", url, body, timeout_s=timeout_s, circuit=circuit)
         return EffectResult(
             effect_id=_field(answer, "effectId", str),
             outcome=_field(answer, "outcome", str),
@@ -281,6 +317,63 @@ class TenureClient:
             tool_response=_field(answer, "toolResponse", dict),
             reconciled=_field(answer, "reconciled", bool),
         )
+
+    # --- circuit breakers (BRK-2) ----------------------------------------------------------------
+
+    def breaker(self, endpoint: str, *, timeout_s: float | None = None) -> BreakerView:
+        """GET /breakers/{endpoint}. RequestRejected (404 breaker-not-found) for an endpoint no
+        call has reached yet; TenureUnavailable when the API cannot answer."""
+        url = f"{self._api_url}/breakers/{quote(endpoint, safe='/:@')}"
+        answer = self._call("GET", "breaker", url, None, timeout_s=timeout_s)
+        canary = answer.get("canaryHolder")
+        reason = answer.get("reason")
+        return BreakerView(
+            endpoint=_field(answer, "endpoint", str),
+            status=_field(answer, "status", str),
+            fails_fast=_field(answer, "failsFast", bool),
+            cooldown_remaining_s=_int(answer, "cooldownRemainingMs") / 1000,
+            retry_after_s=_int(answer, "retryAfterMs") / 1000,
+            error_rate=float(_number(answer, "errorRate")),
+            canary_holder=canary if isinstance(canary, str) else None,
+            reason=reason if isinstance(reason, str) else None,
+            view=answer,
+        )
+
+    def open_circuits(self) -> dict[str, float]:
+        """The calls this client refuses itself now, with the seconds left before it will send them."""
+        now = self._clock()
+        with self._circuits_lock:
+            return {key: until - now for key, (until, _) in self._circuits.items() if until > now}
+
+    def _refuse_if_open(self, key: str) -> None:
+        """Raise CircuitOpen (local) while `key`'s last circuit-open answer's cooldown runs."""
+        now = self._clock()
+        with self._circuits_lock:
+            found = self._circuits.get(key)
+            if found is not None and found[0] <= now:
+                del self._circuits[key]
+                found = None
+        if found is None:
+            return
+        until, seen = found
+        left = until - now
+        raise CircuitOpen(
+            seen.status,
+            seen.problem_type,
+            f"not sent: the circuit breaker of {seen.dependency or key} is open for {left:.1f}s more "
+            f"({seen.detail})",
+            seen.body,
+            dependency=seen.dependency,
+            cooldown_remaining_s=left,
+            local=True,
+            pending_intent=seen.pending_intent,
+        )
+
+    def _remember(self, key: str, error: Exception) -> Exception:
+        if isinstance(error, CircuitOpen):
+            with self._circuits_lock:
+                self._circuits[key] = (self._clock() + error.cooldown_remaining_s, error)
+        return error
 
     # --- plumbing ----------------------------------------------------------------------------
 
@@ -292,10 +385,26 @@ class TenureClient:
         *,
         headers: Mapping[str, str] | None = None,
         timeout_s: float | None = None,
+        circuit: str | None = None,
     ) -> dict[str, Any]:
+        return self._call("POST", operation, url, body, headers=headers, timeout_s=timeout_s, circuit=circuit)
+
+    def _call(
+        self,
+        method: Literal["GET", "POST"],
+        operation: _Operation,
+        url: str,
+        body: Mapping[str, Any] | None,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+        circuit: str | None = None,
+    ) -> dict[str, Any]:
+        key = circuit or f"{operation} {url}"
+        self._refuse_if_open(key)  # never retried before the cooldown (BRK-2)
         timeout = self.timeout_s if timeout_s is None else timeout_s
         try:
-            response = self._http.post(url, json=body, headers=headers, timeout=timeout)
+            response = self._http.request(method, url, json=body, headers=headers, timeout=timeout)
         except httpx.TransportError as exc:
             # The request may have reached the service and taken effect: unknown, not refused.
             raise TenureUnavailable(operation, f"{type(exc).__name__}: {exc}") from exc
@@ -313,8 +422,11 @@ class TenureClient:
                 raise UnexpectedResponse(
                     f"{operation}: HTTP {response.status_code} body is not a JSON object"
                 )
+            opened = _circuit_open(response.status_code, "", answer, response.headers)
+            if opened is not None:  # a synthetic observation in a 2xx: the call failed fast
+                raise self._remember(key, opened)
             return answer
-        raise _problem(operation, response)
+        raise self._remember(key, _problem(operation, response))
 
 
 def _problem(operation: _Operation, response: httpx.Response) -> Exception:
@@ -330,6 +442,9 @@ def _problem(operation: _Operation, response: httpx.Response) -> Exception:
     slug = raw_type.rstrip("/").rsplit("/", 1)[-1] if isinstance(raw_type, str) and raw_type else ""
     detail_value = body.get("detail") or body.get("title") or response.reason_phrase
     detail = str(detail_value)
+    opened = _circuit_open(status, slug, body, response.headers)
+    if opened is not None:  # before the 5xx rule: nothing was dispatched, the outcome is known
+        return opened
     if status >= 500:
         if operation == "effect" and status == 502 and slug == "tool-failed":
             return ToolFailed(status, slug, detail, body)
@@ -351,6 +466,51 @@ def _problem(operation: _Operation, response: httpx.Response) -> Exception:
         return RequestRejected(status, slug or "http-error", detail, body)
     # 1xx/3xx: httpx does not follow redirects here; a redirect means a misconfigured URL.
     return TenureProblem(status, slug or "unexpected-status", detail, body)
+
+
+def _circuit_open(
+    status: int, slug: str, body: Mapping[str, Any], headers: Mapping[str, str]
+) -> CircuitOpen | None:
+    """The CircuitOpen an answer means, if it is `circuit-open` / ERR_CIRCUIT_OPEN (BRK-2).
+
+    The code may sit in the body or in its `observation` (the synthetic observation the gateway
+    hands an agent). The cooldown remaining is the longest the answer names in `cooldownRemainingMs`,
+    `retryAfterMs`, `cooldownRemainingS` or `retryAfterSeconds`; only without any of them the
+    Retry-After header's whole seconds. The dependency is `dependency` (or `endpoint`)."""
+    nested = body.get("observation")
+    observation: Mapping[str, Any] = nested if isinstance(nested, dict) else {}
+    codes = {body.get("code"), body.get("errorCode"), observation.get("code")}
+    if slug != "circuit-open" and ERR_CIRCUIT_OPEN not in codes:
+        return None
+    waits: list[float] = []
+    scales = (("cooldownRemainingMs", 1000), ("retryAfterMs", 1000), ("cooldownRemainingS", 1))
+    for source in (body, observation):
+        for name, scale in (*scales, ("retryAfterSeconds", 1)):
+            value = source.get(name)
+            if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+                waits.append(float(value) / scale)
+    retry_after = headers.get("retry-after", "").strip()
+    if not waits and retry_after.isdigit():
+        waits.append(float(retry_after))
+    dependency = next(
+        (
+            str(v)
+            for source in (body, observation)
+            for v in (source.get("dependency"), source.get("endpoint"))
+            if isinstance(v, str) and v
+        ),
+        "",
+    )
+    detail = str(body.get("detail") or observation.get("message") or f"the breaker of {dependency} is open")
+    return CircuitOpen(
+        status,
+        slug or "circuit-open",
+        detail,
+        body,
+        dependency=dependency,
+        cooldown_remaining_s=max(waits or [0.0]),
+        pending_intent=body.get("pendingIntent") is True,
+    )
 
 
 def check_outcome(outcome: str) -> None:
@@ -377,6 +537,13 @@ def _optional(answer: Mapping[str, Any], name: str, kind: type[_T]) -> _T | None
     if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
         raise UnexpectedResponse(f"answer field {name!r} should be {kind.__name__} or null, got {value!r}")
     return value
+
+
+def _number(answer: Mapping[str, Any], name: str) -> float:
+    value = answer.get(name)
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise UnexpectedResponse(f"answer field {name!r} should be a number, got {value!r}")
+    return float(value)
 
 
 def _optional_int(answer: Mapping[str, Any], name: str) -> int | None:

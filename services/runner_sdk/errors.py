@@ -11,8 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+# The code of a call refused because its dependency's circuit breaker is open (BRK-2).
+ERR_CIRCUIT_OPEN = "ERR_CIRCUIT_OPEN"
+
 __all__ = [
+    "ERR_CIRCUIT_OPEN",
     "ActionTombstoned",
+    "CircuitOpen",
     "FencedByRecipient",
     "InvalidCertaintyTransition",
     "LeaseConflict",
@@ -58,6 +63,36 @@ class ActionTombstoned(RequestRejected):
     @property
     def action_hash(self) -> str:
         return str(self.body.get("actionHash") or "")
+
+
+class CircuitOpen(RequestRejected):
+    """ERR_CIRCUIT_OPEN (problem type circuit-open): the fleet-wide circuit breaker of the
+    dependency is open (BRK-2), so the call failed fast and NOTHING was dispatched to it. Neither
+    a lease conflict (the lease is still held) nor an unknown outcome.
+
+    Wait at least `cooldown_remaining_s` before calling `dependency` again: until then the
+    TenureClient refuses the same call itself, without sending it (`local` is True then).
+    `pending_intent`: the gateway holds an unsettled earlier try under this idempotency key, so
+    the retry must keep the key (it should anyway, EXE-6).
+    """
+
+    def __init__(
+        self,
+        status: int,
+        problem_type: str,
+        detail: str,
+        body: Mapping[str, Any] | None = None,
+        *,
+        dependency: str = "",
+        cooldown_remaining_s: float = 0.0,
+        local: bool = False,
+        pending_intent: bool = False,
+    ):
+        super().__init__(status, problem_type, detail, body)
+        self.dependency = dependency
+        self.cooldown_remaining_s = max(0.0, cooldown_remaining_s)
+        self.local = local
+        self.pending_intent = pending_intent
 
 
 class RunNotFound(TenureProblem):

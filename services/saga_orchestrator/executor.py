@@ -5,6 +5,14 @@ periodic rescan), performs the one piece of work the state calls for, and publis
 as a command on trajectories.commands, which the processor decides like any other. A crash
 anywhere here loses nothing: the state still calls for the same work, which is done again under
 the same idempotency key, and the gateway and the recipient turn the repeat into "already done".
+
+A refusal by the gateway's tool protection (`circuit-open` ERR_CIRCUIT_OPEN, `bulkhead-full`
+ERR_BULKHEAD_FULL: nothing was recorded or sent) is passed on to policy D for a forward step,
+with the wait the gateway named (`retryAfterMs`, the cooldown remaining) at the head of the error
+message, where D reads it (domain.policy `deferral_message`). A compensator, a pivot gate's
+verifier, or a step whose key holds an unsettled effect (`pendingIntent`, or answers lost
+before) is not reported: the executor waits that long plus a full-jitter draw and tries the same
+work again, so no attempt is counted and no key is given up for a refusal.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from services.common.kafka import CommandPublisher
 from services.common.messages import MessageCodec
 from services.common.routing import command_record, trajectory_command_record
 from services.saga_orchestrator.domain import (
+    DEFERRAL_KINDS,
     DispatchStep,
     ErrorClass,
     EvaluateGate,
@@ -45,6 +54,7 @@ from services.saga_orchestrator.domain import (
     TrajectoryState,
     Work,
     classify,
+    deferral_message,
     pending_work,
 )
 
@@ -63,6 +73,15 @@ _SETTLE_S = 5.0
 
 class _RetryLater(Exception):
     """No answer that decides anything (outcome still unknown, fenced out): try again later."""
+
+
+class _Deferred(_RetryLater):
+    """The gateway's tool protection refused the call (nothing was sent): try again after
+    `retry_after_s` (the cooldown remaining) plus the loop's full-jitter backoff."""
+
+    def __init__(self, message: str, retry_after_ms: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_ms / 1000
 
 
 class _GatewayUnusable(_RetryLater):
@@ -140,6 +159,22 @@ def _slug(problem: dict[str, Any] | None, fallback: str) -> str:
     return value.rsplit("/", 1)[-1] or fallback
 
 
+# The longest wait a refusal may ask for: a breaker's cooldown is bounded by the breakers'
+# settings (at most an hour); anything larger, or not an integer, is not taken as given.
+_MAX_RETRY_AFTER_MS = 3_600_000
+
+
+def _deferral(status: int, body: dict[str, Any]) -> tuple[str, int] | None:
+    """(kind, wait in ms) when the gateway's tool protection refused the call, else None."""
+    kind = _slug(body, "")
+    if status not in (424, 429) or kind not in DEFERRAL_KINDS:
+        return None
+    wait = body.get("retryAfterMs")
+    if not isinstance(wait, int) or isinstance(wait, bool) or not 0 <= wait <= _MAX_RETRY_AFTER_MS:
+        wait = 0
+    return kind, wait
+
+
 class SagaExecutor:
     """`service_key` is presented to the gateway on every call (the service role acts for any
     trajectory); `transport`, `sleep` and `draw` exist for tests."""
@@ -215,6 +250,12 @@ class SagaExecutor:
                     return
                 except _GatewayUnusable:
                     pass  # GatewayHealth logged the change of state, if it was one
+                except _Deferred as exc:
+                    if str(exc) not in said:
+                        said.add(str(exc))
+                        log.info("%s: %s; retrying after the wait plus full jitter", work.key, exc)
+                    self._sleep(exc.retry_after_s + backoff.next_delay())
+                    continue
                 except _RetryLater as exc:
                     if str(exc) not in said:
                         said.add(str(exc))
@@ -317,7 +358,20 @@ class SagaExecutor:
             work.action_hash,
         )
         fields: dict[str, Any] = {}
-        if status == 200 and body.get("outcome") == "committed":
+        deferral = _deferral(status, body)
+        if deferral is not None:
+            kind, wait_ms = deferral
+            detail = str(body.get("detail") or kind)
+            if body.get("pendingIntent") is True or work.unknown_outcomes:
+                # An earlier try under this key may have happened: keep the key, report nothing.
+                raise _Deferred(f"{kind} (the key holds an unsettled effect): {detail}", wait_ms)
+            fields = {
+                "outcome": "failed",
+                "error_kind": kind,
+                "error_message": deferral_message(detail, wait_ms),
+                "error_status": status,
+            }
+        elif status == 200 and body.get("outcome") == "committed":
             response = body.get("toolResponse")
             if not isinstance(response, dict) or "raw" in response:
                 # Committed, but the answer is missing or garbled: asking again under the same key
@@ -380,6 +434,10 @@ class SagaExecutor:
             work.operation,
             work.params,
         )
+        deferral = _deferral(status, body)
+        if deferral is not None:
+            # Nothing was sent: the compensator waits, and the attempt is not spent on it.
+            raise _Deferred(f"compensator {deferral[0]}: {body.get('detail', '')}", deferral[1])
         if status == 200 and body.get("outcome") == "committed":
             outcome, kind, message = "compensated", "", ""
         elif status == 504:
@@ -443,6 +501,9 @@ class SagaExecutor:
             )
             if response.status_code >= 500:
                 raise _RetryLater(f"verifier {verifier} answered {response.status_code}")
+            deferral = _deferral(response.status_code, _json(response))
+            if deferral is not None:  # the gate is not failed by a verifier that was not run
+                raise _Deferred(f"verifier {verifier}: {deferral[0]}", deferral[1])
             result = _json(response).get("result", {}) if response.status_code == 200 else {}
             result = result if isinstance(result, dict) else {}
             checks.append(

@@ -1,11 +1,11 @@
-"""`tenure`: up, broker, topics, tail, replay, rebuild."""
+"""`tenure`: up, broker, topics, tail, replay, rebuild, breakers."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from services.tenure_cli import supervisor, topic_tools
+from services.tenure_cli import breakers, supervisor, topic_tools
 
 __all__ = ["build_parser", "main"]
 
@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     rebuild = sub.add_parser("rebuild", help="rebuild the Run views from offset 0 (projections stopped)")
     rebuild.set_defaults(func=supervisor.rebuild)
+
+    breakers.add_parser(sub)
     return parser
 
 

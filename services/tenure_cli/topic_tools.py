@@ -15,6 +15,7 @@ from services.common.kafka._records import header_value
 from services.common.messages import MessageCodec, UndecodableRecord
 from services.common.settings import TenureSettings
 from services.common.topics import (
+    BREAKERS_EVENTS,
     DEADLETTER,
     INCIDENTS,
     RUNS_EVENTS,
@@ -23,12 +24,14 @@ from services.common.topics import (
     TRAJECTORIES_REJECTIONS,
     WATCHDOG_EVENTS,
 )
+from services.tenure_cli.breakers import breaker_sentence
 
 __all__ = ["DEFAULT_REPLAY_TOPIC", "DEFAULT_TAIL_TOPICS", "decode_for_humans", "replay", "tail"]
 
 # What an operator watches: facts and refusals of runs and of their trajectories, incidents
-# (REC-7), the semantic watchdog's ladder (WD-5) and dead letters. `tenure tail --help` names
-# these from this same tuple.
+# (REC-7), the semantic watchdog's ladder (WD-5), the tool endpoints' circuit breakers (BRK-1,
+# BRK-2: each one a line of its own) and dead letters. `tenure tail --help` names these from this
+# same tuple.
 DEFAULT_TAIL_TOPICS = (
     RUNS_EVENTS.name,
     RUNS_REJECTIONS.name,
@@ -36,6 +39,7 @@ DEFAULT_TAIL_TOPICS = (
     TRAJECTORIES_REJECTIONS.name,
     INCIDENTS.name,
     WATCHDOG_EVENTS.name,
+    BREAKERS_EVENTS.name,
     DEADLETTER.name,
 )
 DEFAULT_REPLAY_TOPIC = RUNS_EVENTS.name
@@ -86,6 +90,9 @@ def _pretty(item: dict[str, Any]) -> str:
         head += f" v{version}"
     for noisy in ("eventId", "runId", "correlationId", "executionSpec"):
         fields.pop(noisy, None)
+    sentence = breaker_sentence(item["type"], fields) if item["topic"] == BREAKERS_EVENTS.name else None
+    if sentence is not None:
+        return f"{head}  {sentence}  [{item['topic']}/{item['partition']}@{item['offset']}]"
     detail = "  ".join(f"{k}={v}" for k, v in fields.items() if v not in (None, "", {}, []))
     return f"{head}  {detail}  [{item['topic']}/{item['partition']}@{item['offset']}]"
 

@@ -41,7 +41,7 @@ from services.command_api.app import create_app
 from services.command_api.context import ApiDependencies
 from services.common.ids import run_id_for
 from services.common.kafka import PartitionReader
-from services.common.topics import POLICY, RUNS_COMMANDS, TRAJECTORIES_COMMANDS
+from services.common.topics import BREAKERS_COMMANDS, POLICY, RUNS_COMMANDS, TRAJECTORIES_COMMANDS
 from tests.support.system import REPO_ROOT, ServiceProcess, service_env, wait_for_http, wait_until
 from tests.support.tenure import claim, free_port, submit
 
@@ -140,7 +140,7 @@ def http(system: FuzzSystem) -> Iterator[httpx.Client]:
 class CommandLog:
     """End offsets of the topics a request can write to, compared before and after each one."""
 
-    TOPICS = (RUNS_COMMANDS, TRAJECTORIES_COMMANDS, POLICY)
+    TOPICS = (RUNS_COMMANDS, TRAJECTORIES_COMMANDS, POLICY, BREAKERS_COMMANDS)
 
     def __init__(self, bootstrap: str) -> None:
         self._reader = PartitionReader(bootstrap, client_id="tenure-test-fuzz-offsets")

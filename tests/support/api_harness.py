@@ -1,8 +1,10 @@
 """The command API over an in-process stand-in for Kafka and the processors, for unit tests.
 
 `InMemoryTenure` takes the API's published records and decides them with the real pure cores
-(the lease coordinator's, the saga orchestrator's and the semantic watchdog's `decide`/`evolve`;
-an intervention is sent on to the trajectory as the watchdog processor does), folds the events into
+(the lease coordinator's, the saga orchestrator's, the semantic watchdog's and the circuit
+breakers' `decide`/`evolve`; an intervention is sent on to the trajectory as the watchdog
+processor does; breaker events are folded into the API's board, a BreakerHistoryFold, as its
+follower would), folds the events into
 the real projection stores (over a MemoryStore that the API's real ViewReader reads) and hands
 each decision to the API's DecisionBooks, as the decision followers would. It can also play an
 outage: a broker that never acknowledges (`down`), a full producer queue (`queue_full`), or a
@@ -23,16 +25,26 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
+from services.breakers.client import BreakerClient
+from services.breakers.domain import DEFAULT_POLICY as DEFAULT_BREAKER_POLICY
+from services.breakers.domain import BreakerPolicy, BreakerState
+from services.breakers.domain import Rejection as BreakerRejection
+from services.breakers.domain import decide as decide_breaker
+from services.breakers.domain import decide_timers as decide_breaker_timers
+from services.breakers.domain import evolve as evolve_breaker
 from services.command_api.app import create_app
+from services.command_api.breaker_board import BreakerHistoryFold, configured_bulkheads
 from services.command_api.context import ApiDependencies, ViewReader
 from services.common.auth import parse_api_keys
 from services.common.clock import SystemClock
 from services.common.contracts import (
+    BREAKER_COMMAND_TYPES,
     TRAJECTORY_COMMAND_TYPES,
     WATCHDOG_COMMAND_TYPES,
     BlockChanged,
     CommandRejected,
     InterventionIssued,
+    RecordCallOutcome,
     RunCommand,
 )
 from services.common.decisions import Decided, DecisionBook, FollowerHealth, Rejected
@@ -41,7 +53,8 @@ from services.common.kafka import InboundRecord, OutboundRecord
 from services.common.messages import MessageCodec
 from services.common.objectstore import FilesystemObjectStore
 from services.common.policy import subject_key
-from services.common.settings import repo_root
+from services.common.routing import breaker_command_record
+from services.common.settings import TenureSettings, repo_root
 from services.common.store import MemoryStore
 from services.common.topics import RUNS_EVENTS, TRAJECTORIES_EVENTS, WATCHDOG_EVENTS
 from services.lease_coordinator.domain import decide as decide_run
@@ -128,6 +141,14 @@ class InMemoryTenure:
         self.watchdog_thresholds: Thresholds = DEFAULT_THRESHOLDS
         self.watchdog_states: dict[str, Any] = {}
         self.blocks = FakeBlocks()
+        # The circuit breakers: the processor's states, and the API's board they are folded into
+        # (set `breakers_seen = False` to play a board that has not heard of a decision yet).
+        self.breaker_policy: BreakerPolicy = DEFAULT_BREAKER_POLICY
+        self.breaker_states: dict[str, BreakerState] = {}
+        self.breakers = BreakerHistoryFold(self.clock)
+        self.breaker_book = _Book()
+        self.breakers_seen = True
+        self._outcome_seq = 0
         self.saga = SagaContext(load_catalog(CATALOG))
         self.run_states: dict[str, Any] = {}
         self.trajectory_states: dict[str, Any] = {}
@@ -177,7 +198,9 @@ class InMemoryTenure:
             if isinstance(message, BlockChanged):
                 self.blocks.apply(message)
             elif self.mode != "undecided":
-                if isinstance(message, TRAJECTORY_COMMAND_TYPES):
+                if isinstance(message, BREAKER_COMMAND_TYPES):
+                    self._decide_breaker(message)
+                elif isinstance(message, TRAJECTORY_COMMAND_TYPES):
                     self._decide_trajectory(message)
                 elif isinstance(message, WATCHDOG_COMMAND_TYPES):
                     self._decide_watchdog(message)
@@ -261,6 +284,52 @@ class InMemoryTenure:
         for event in decision:
             self.trajectory_book.deliver(event.causation_id, Decided(event))
 
+    def _decide_breaker(self, command: Any) -> None:
+        if command.command_id in self.rejected:
+            return
+        now = self.clock.now_ms()
+        state = self.breaker_states.get(command.run_id)
+        decision = decide_breaker(state, command, now, self.breaker_policy)
+        if isinstance(decision, BreakerRejection):
+            self.rejected.add(command.command_id)
+            self.breaker_book.deliver(command.command_id, Rejected(self._refusal(command, decision, now)))
+            return
+        self._breaker_events(command.run_id, decision)
+
+    def _breaker_events(self, endpoint: str, events: Any) -> None:
+        state = self.breaker_states.get(endpoint)
+        for event in events:
+            state = evolve_breaker(state, event)
+            if self.breakers_seen:
+                self.breakers.apply(event)
+        if state is not None:
+            self.breaker_states[endpoint] = state
+        for event in events:
+            self.breaker_book.deliver(event.causation_id, Decided(event))
+
+    def breaker_timers(self, now_ms: int) -> None:
+        """The breaker processor's timer tick at `now_ms` (half-opening, canary expiry)."""
+        with self._lock:
+            for endpoint, state in list(self.breaker_states.items()):
+                self._breaker_events(endpoint, decide_breaker_timers(state, now_ms))
+
+    def report_outcomes(self, endpoint: str, outcomes: list[str], instance: str = "gw-test") -> None:
+        """A gateway instance reports calls to `endpoint` (RecordCallOutcome, as its client does)."""
+        for outcome in outcomes:
+            self._outcome_seq += 1
+            command = RecordCallOutcome(
+                command_id=derived_id("cmd", instance, "outcome", str(self._outcome_seq)),
+                run_id=endpoint,
+                issued_at=self.clock.now_ms(),
+                correlation_id=endpoint,
+                actor="tenure-gateway",
+                instance_id=instance,
+                seq=self._outcome_seq,
+                outcome=outcome,
+                duration_ms=5,
+            )
+            self.publish(breaker_command_record(self.codec, command))
+
     def _inbound(self, topic: str, event: Any) -> InboundRecord:
         out = self.codec.outbound(topic, event.run_id, event)
         self._offset += 1
@@ -284,6 +353,12 @@ class InMemoryTenure:
             blocks=self.blocks,  # type: ignore[arg-type]
             trajectory_decisions=self.trajectory_book,
             watchdog_decisions=self.watchdog_book,
+            breakers=self.breakers,
+            breaker_client=BreakerClient(
+                self, self.breaker_book, "tenure-command-api", codec=self.codec, clock=self.clock
+            ),
+            breaker_decisions=self.breaker_book,
+            bulkheads=configured_bulkheads(TenureSettings()),
         )
 
 

@@ -4,24 +4,31 @@
 with the Kafka parts cut off: runs.events are folded by hand (`fold`), the watchdog's
 interventions too (`fold_watchdog`), and every command it
 would publish is kept in `sent` and answered by `decide` (Decided by default). The tool is an
-`httpx.MockTransport` that records what it was sent.
+`httpx.MockTransport` that records what it was sent. Tool protection is real too: the breakers
+are a `BreakerFold` (fed by hand, `breakers`), the breaker client a `RecordingBreakerClient`,
+the bulkheads the default ones unless given.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import httpx
 
+from services.breakers.client import CanaryAnswer
+from services.breakers.view import BreakerFold
 from services.common.auth import Principal, parse_api_keys
+from services.common.bulkhead import Bulkheads
 from services.common.clock import SystemClock
 from services.common.contracts import InterventionIssued, RecordEffectIntent, RecordEffectOutcome, RunEvent
 from services.common.decisions import Decided, Decision
 from services.common.messages import MessageCodec
 from services.effect_gateway.app import create_app
 from services.effect_gateway.fencing import fold_fencing
+from services.effect_gateway.protection import ToolProtection
 from services.effect_gateway.service import Gateway
 from services.effect_gateway.tools import ToolRegistry
 
@@ -48,13 +55,75 @@ class RecordingTool:
         return httpx.Response(404, json={})
 
 
+class RecordingBreakerClient:
+    """What the gateway tells the breakers, kept: outcomes, canary requests and reports.
+
+    `canary` answers every canary request (granted by default, as `cny-<n>`)."""
+
+    def __init__(self, instance_id: str = "gw-test") -> None:
+        self.instance_id = instance_id
+        self.outcomes: list[tuple[str, str, int, str]] = []
+        self.canary_requests: list[str] = []
+        self.reports: list[tuple[str, str, str, int]] = []
+        self.canary: Callable[[str], CanaryAnswer] = lambda endpoint: CanaryAnswer(
+            True, f"cny-{len(self.canary_requests)}", 2**62
+        )
+
+    def record_outcome(self, endpoint: str, outcome: str, duration_ms: int, detail: str = "") -> None:
+        self.outcomes.append((endpoint, outcome, duration_ms, detail))
+
+    async def request_canary(self, endpoint: str, timeout_s: float = 2.0) -> CanaryAnswer:
+        self.canary_requests.append(endpoint)
+        return self.canary(endpoint)
+
+    async def report_canary(
+        self,
+        endpoint: str,
+        canary_id: str,
+        outcome: str,
+        duration_ms: int,
+        detail: str = "",
+        timeout_s: float = 2.0,
+    ) -> None:
+        self.reports.append((endpoint, canary_id, outcome, duration_ms))
+
+
+class RecordingPublisher:
+    """The gateway publishes an effect's outcome straight to Kafka (durable, not decided): here
+    it is kept in the gateway's `sent` with the rest, and acknowledged at once."""
+
+    def __init__(self, gateway: OfflineGateway) -> None:
+        self.gateway = gateway
+
+    def publish(self, record: Any) -> Future[int]:
+        self.gateway.sent.append(self.gateway._codec.decode(record.value))
+        done: Future[int] = Future()
+        done.set_result(0)
+        return done
+
+
 class OfflineGateway(Gateway):
-    def __init__(self, tool: RecordingTool | None = None, *, caught_up: bool = True) -> None:
+    def __init__(
+        self,
+        tool: RecordingTool | None = None,
+        *,
+        caught_up: bool = True,
+        tools: dict[str, str] | None = None,
+        bulkheads: Bulkheads | None = None,
+        tool_timeout_s: float = 5.0,
+    ) -> None:
         # Deliberately not Gateway.__init__: that opens Kafka clients.
         self.tool = tool or RecordingTool()
         self._codec = MessageCodec()
         self._clock = SystemClock()
-        self._tools = ToolRegistry({"ledger": "http://ledger.test"}, transport=httpx.MockTransport(self.tool))
+        self._tools = ToolRegistry(
+            tools or {"ledger": "http://ledger.test"}, transport=httpx.MockTransport(self.tool)
+        )
+        self.breakers = BreakerFold()
+        self.breaker_client = RecordingBreakerClient()
+        self._protection = ToolProtection(
+            self.breakers, self.breaker_client, bulkheads or Bulkheads(), tool_timeout_s=tool_timeout_s
+        )
         self._timeout = 1.0
         self._views = {}
         self._tombstones = {}
@@ -64,6 +133,7 @@ class OfflineGateway(Gateway):
         if caught_up:
             self._caught_up.set()
         self.sent: list[Command] = []
+        self._publisher = RecordingPublisher(self)  # type: ignore[assignment]
         self.decide: Callable[[Command], Decision | None] = Decided
 
     def fold(self, *events: RunEvent) -> OfflineGateway:
@@ -88,6 +158,7 @@ class OfflineGateway(Gateway):
         return {
             "caughtUp": {"ok": self._caught_up.is_set(), "detail": "folded by hand"},
             "kafka": {"ok": True, "detail": "no Kafka here"},
+            "breakers": {"ok": True, "detail": "folded by hand"},
         }
 
     async def close(self) -> None:

@@ -22,7 +22,16 @@ from services.common.auth import DEVELOPMENT_MODE_WARNING
 from services.common.decisions import FollowerHealth
 from tests.support.api_harness import InMemoryTenure, api_client
 
-CHECKS = ["kafka", "views", "runDecisions", "trajectoryDecisions", "watchdogDecisions", "blockPolicy"]
+CHECKS = [
+    "kafka",
+    "views",
+    "runDecisions",
+    "trajectoryDecisions",
+    "watchdogDecisions",
+    "blockPolicy",
+    "breakers",
+    "breakerDecisions",
+]
 
 
 def test_healthz_is_liveness_and_reports_development_mode(tmp_path: Path) -> None:
@@ -93,7 +102,7 @@ def test_the_api_says_development_mode_loudly_once_when_it_opens_its_dependencie
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             self.kwargs = kwargs
 
-    for name in ("CommandPublisher", "DecisionListener", "BlockList"):
+    for name in ("CommandPublisher", "DecisionListener", "BlockList", "ApiBreakerBoard"):
         monkeypatch.setattr(context, name, Offline)
     monkeypatch.setenv("TENURE_API_KEYS", "")
     with caplog.at_level(logging.WARNING, logger="tenure.auth"):

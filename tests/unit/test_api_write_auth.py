@@ -55,6 +55,7 @@ def _path(template: str) -> str:
         "index": "0",
         "kind": "principal",
         "subject": "mallory",
+        "endpoint": "ledger",
     }
     for name, value in values.items():
         template = template.replace("{" + name + "}", value)

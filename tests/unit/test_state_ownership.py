@@ -74,6 +74,8 @@ OWNERS = {
     "BREAKERS_REJECTIONS": "breakers",
 }
 TRANSACTIONAL_WRITERS = {"KafkaEventLog", "TransactionalWriter"}
+# The one launcher of an aggregate's process (services/common/process.py) builds its log.
+PROCESS_LAUNCHER = "serve_aggregate"
 # The attributes by which an aggregate definition names the topics the runtime writes for it.
 DEFINITION_TOPICS = {"events_topic", "rejections_topic", "deadletter_topic"}
 
@@ -109,7 +111,7 @@ def _writes() -> tuple[dict[str, set[str]], dict[str, set[str]], list[str]]:
             if not isinstance(node, ast.Call):
                 continue
             called = _called(node)
-            if called in TRANSACTIONAL_WRITERS:
+            if called in TRANSACTIONAL_WRITERS or called == PROCESS_LAUNCHER:
                 builders[called].add(package)
             if called not in ("outbound", "OutboundRecord"):
                 continue
@@ -132,9 +134,11 @@ def test_only_the_owning_processors_write_the_systems_of_record_EXE_13() -> None
     assert writes["RUNS_COMMANDS"] == {"common"} and writes["TRAJECTORIES_COMMANDS"] == {"common"}
     assert writes["PROGRESS_OBSERVATIONS"] == {"common"}
     assert writes["BREAKERS_COMMANDS"] == {"common"}
-    # Only the processors hold a transactional log (the adapter builds the writer for them).
+    # Only the processors hold a transactional log: the one launcher builds it for them (and the
+    # adapter builds the writer for it), and only the processors call the launcher.
     processors = {"lease_coordinator", "saga_orchestrator", "watchdog", "breakers"}
-    assert builders["KafkaEventLog"] == processors, builders
+    assert builders[PROCESS_LAUNCHER] == processors, builders
+    assert builders["KafkaEventLog"] == {"common"}, builders
     assert builders["TransactionalWriter"] == {"common"}, builders
     # A write whose topic is a variable is library code handed its topic by an owner.
     assert all(call.startswith("common/") for call in opaque), opaque

@@ -17,6 +17,7 @@ from services.saga_orchestrator.domain.lifecycle import (
 )
 from services.saga_orchestrator.domain.plan import CompiledPlan, PlanRejected, PlanStep, compile_plan
 from services.saga_orchestrator.domain.policy import (
+    DEFERRAL_KINDS,
     Budget,
     ErrorClass,
     FailureContext,
@@ -28,7 +29,10 @@ from services.saga_orchestrator.domain.policy import (
     break_even,
     classify,
     decide_recovery,
+    deferral_message,
     error_signature,
+    is_deferral,
+    retry_after_ms,
 )
 from services.saga_orchestrator.domain.repair_stats import RepairStats
 from services.saga_orchestrator.domain.state import (
@@ -57,6 +61,7 @@ from services.saga_orchestrator.domain.work import (
 
 __all__ = [
     "BY_STATUS",
+    "DEFERRAL_KINDS",
     "STEP_TRANSITIONS",
     "TRAJECTORY_TRANSITIONS",
     "Budget",
@@ -98,10 +103,13 @@ __all__ = [
     "compile_plan",
     "decide",
     "decide_recovery",
+    "deferral_message",
     "error_signature",
     "evolve",
     "fold",
+    "is_deferral",
     "load_catalog",
     "pending_work",
+    "retry_after_ms",
     "step_key",
 ]

@@ -47,6 +47,7 @@ from services.saga_orchestrator.domain.interventions import (
 )
 from services.saga_orchestrator.domain.lifecycle import StepStatus, TrajectoryStatus
 from services.saga_orchestrator.domain.plan import PlanRejected, PlanStep, compile_plan
+from services.saga_orchestrator.domain.policy import is_deferral
 from services.saga_orchestrator.domain.recovery import (
     abort,
     backoff_until,
@@ -363,6 +364,10 @@ def _outcome(em: Emitter, command: RecordStepOutcome) -> Rejection | None:
                 {"kind": "outcome-unknown", "message": command.error_message},
             )
     elif command.outcome == "failed":
+        if step.unknown_outcomes and is_deferral(command.error_kind):
+            # This dispatch's effect may have happened (its answers were lost): a deferral must
+            # not retire its key for a new one. The executor tries the same key again later.
+            return None
         handle_failure(em, step, command)
     else:
         return Rejection(C.INVALID_COMMAND, "outcome must be committed, failed or unknown", state)

@@ -37,6 +37,7 @@ from services.saga_orchestrator.domain.lifecycle import (
     check_step,
     check_trajectory,
 )
+from services.saga_orchestrator.domain.policy import is_deferral
 from services.saga_orchestrator.domain.state import Incident, StepState, TrajectoryState
 
 __all__ = ["evolve", "fold"]
@@ -233,15 +234,18 @@ def _intent(state: TrajectoryState, event: StepIntentRecorded) -> TrajectoryStat
         # The runner moved on to another action: the level-1 interrupt has done its work.
         state = replace(state, interrupt_action="")
     status = S(event.status)
+    previous = state.step(event.step_index)
+    # A retry after a deferral by the gateway's tool protection (circuit open, bulkhead full):
+    # nothing was sent, so it is neither a trajectory step nor a transient retry (BRK-2).
+    deferred = previous is not None and event.repair_of < 0 and is_deferral(previous.error_kind)
     budget = replace(
         state,
-        budget_steps=state.budget_steps - 1,
+        budget_steps=state.budget_steps - (0 if deferred else 1),
         budget_tokens=state.budget_tokens - event.tokens_used,
         budget_money=state.budget_money - event.money_used,
         attempt_id=event.attempt_id,
         epoch=event.epoch,
     )
-    previous = state.step(event.step_index)
     if previous is None:
         step = StepState(
             index=event.step_index,
@@ -273,7 +277,7 @@ def _intent(state: TrajectoryState, event: StepIntentRecorded) -> TrajectoryStat
         not_before=event.not_before,
         repairing_kind=repairing,
         consecutive_repairs=previous.consecutive_repairs + (1 if event.repair_of >= 0 else 0),
-        transient_retries=previous.transient_retries + (0 if event.repair_of >= 0 else 1),
+        transient_retries=previous.transient_retries + (0 if event.repair_of >= 0 or deferred else 1),
         gate_checks="",
         gate_verdict="",
         unknown_outcomes=0,

@@ -4,7 +4,11 @@
 the policy. It walks the gates of the seed in order and stops at the first one that decides:
 
 1. Gate 1, taxonomy (REC-2): transient errors retry (with full-jitter backoff) until the retry
-   allowance is spent; fatal errors stop forward progress at once.
+   allowance is spent; fatal errors stop forward progress at once. A deferral by the gateway's
+   tool protection (`circuit-open`, ERR_CIRCUIT_OPEN; `bulkhead-full`, ERR_BULKHEAD_FULL) is
+   transient too, but nothing was sent, so it is always retried, after at least the cooldown
+   remaining: it never spends the retry allowance or K_repair (the counters do not move, see
+   evolve) and never leads to a rollback or an escalation by itself (BRK-2, BRK-4).
 2. Anti-spin (REC-5): a repeated error signature in this step's history, or K_repair consecutive
    repairs already spent, means the model is circling; stop repairing.
 3. Gate 2, budget (REC-3): no repair unless the remaining tokens, money and steps cover one repair
@@ -35,6 +39,9 @@ from services.common.backoff import full_jitter_ms as full_jitter_backoff_ms
 from services.saga_orchestrator.domain.tools import Cost, ToolSpec
 
 __all__ = [
+    "BULKHEAD_FULL_KIND",
+    "CIRCUIT_OPEN_KIND",
+    "DEFERRAL_KINDS",
     "Budget",
     "ErrorClass",
     "FailureContext",
@@ -46,11 +53,14 @@ __all__ = [
     "break_even",
     "classify",
     "decide_recovery",
+    "deferral_message",
     "error_signature",
     "expected_forward_cost",
     "full_jitter_backoff_ms",
+    "is_deferral",
     "normalise_error_text",
     "normalise_kind",
+    "retry_after_ms",
 ]
 
 
@@ -92,8 +102,16 @@ class StepError:
 
 # --- Gate 1: taxonomy ----------------------------------------------------------------------------
 
+# The gateway's tool protection refused the call before anything was recorded or sent: the
+# tool's circuit breaker is open (BRK-2) or its bulkhead is full (BRK-4). Transient, and a
+# deferral: see `is_deferral`.
+CIRCUIT_OPEN_KIND = "circuit-open"
+BULKHEAD_FULL_KIND = "bulkhead-full"
+DEFERRAL_KINDS = frozenset({CIRCUIT_OPEN_KIND, BULKHEAD_FULL_KIND})
+
 _TRANSIENT_KINDS = frozenset(
     {
+        *DEFERRAL_KINDS,
         "timeout",
         "rate-limited",
         "unavailable",
@@ -170,6 +188,29 @@ def normalise_kind(kind: str) -> str:
     "/problems/Rate-Limited" -> "rate-limited", "httpx.ReadTimeout" -> "readtimeout"."""
     slug = kind.strip().rsplit("/", 1)[-1]
     return slug.rsplit(".", 1)[-1].lower()
+
+
+# How the executor passes a deferral's wait on: RecordStepOutcome has no field for it, so the
+# error message starts with it ("retry after 1234 ms: <the gateway's detail>"). The message is
+# recorded in StepFailed, so re-deciding from the log reads the same wait.
+_RETRY_AFTER = re.compile(r"^retry after (\d{1,10}) ms: ")
+_MAX_RETRY_AFTER_MS = 24 * 3600 * 1000
+
+
+def is_deferral(kind: str) -> bool:
+    """Refused by the gateway's tool protection (circuit open, bulkhead full): nothing was sent."""
+    return normalise_kind(kind) in DEFERRAL_KINDS
+
+
+def deferral_message(detail: str, retry_after: int) -> str:
+    """The error message of a deferral: its wait in ms first, then the gateway's detail."""
+    return f"retry after {min(max(0, int(retry_after)), _MAX_RETRY_AFTER_MS)} ms: {detail}"
+
+
+def retry_after_ms(message: str) -> int:
+    """The wait a deferral's error message asks for (0 when it names none)."""
+    found = _RETRY_AFTER.match(message)
+    return min(int(found.group(1)), _MAX_RETRY_AFTER_MS) if found else 0
 
 
 def classify(error: StepError) -> ErrorClass:
@@ -432,6 +473,18 @@ def decide_recovery(
         return decided(RecoveryAction.BACKWARD_ROLLBACK, gate, f"{why}: roll back")
 
     # Gate 1 (REC-2)
+    if error_class is ErrorClass.TRANSIENT and is_deferral(kind):
+        wait = retry_after_ms(ctx.error.message)
+        return RecoveryDecision(
+            RecoveryAction.TRANSIENT_RETRY,
+            Gate.TAXONOMY,
+            f"deferred by the gateway's tool protection ({kind!r}): nothing was sent, so retry after "
+            f"at least {wait} ms (the cooldown remaining) plus full jitter; not counted against the "
+            f"retry allowance or K_repair, and never a rollback by itself",
+            error_class,
+            signature,
+            {**inputs, "deferral": "true", "retryAfterMs": str(wait)},
+        )
     if error_class is ErrorClass.TRANSIENT:
         if ctx.transient_retries < policy.max_transient_retries:
             return decided(

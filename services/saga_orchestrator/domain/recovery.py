@@ -1,7 +1,10 @@
 """What follows an outcome: the commit with its compensator, or a failure through policy D.
 
 REC-1: every failure is classified and run through decide_recovery; its decision is recorded as
-a RecoveryDecided event with the deciding gate and all its inputs, then carried out here.
+a RecoveryDecided event with the deciding gate and all its inputs, then carried out here. A
+deferral by the gateway's tool protection (circuit open, bulkhead full) is retried no earlier
+than the wait its error message names, plus a full-jitter spread (`deferral_until`), so that
+the trajectories an open breaker refused do not all come back the moment it half-opens.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from services.saga_orchestrator.domain.policy import (
     decide_recovery,
     error_signature,
     full_jitter_backoff_ms,
+    is_deferral,
+    retry_after_ms,
 )
 from services.saga_orchestrator.domain.state import StepState, TrajectoryState, step_key
 from services.saga_orchestrator.domain.tools import (
@@ -48,6 +53,7 @@ __all__ = [
     "abort",
     "backoff_until",
     "compensation_cost",
+    "deferral_until",
     "fail_step",
     "freeze",
     "handle_failure",
@@ -183,6 +189,21 @@ def backoff_until(em: Emitter, step_index: int, attempt: int) -> int:
     return em.now_ms + full_jitter_backoff_ms(attempt, policy.backoff_base_ms, policy.backoff_cap_ms, jitter)
 
 
+# The deferrals of one step spread over at most 2^k * base (capped by the policy's cap) on top of
+# their wait; k grows with the step's dispatches and stops here (it is only an exponent).
+_MAX_DEFERRAL_EXPONENT = 16
+
+
+def deferral_until(em: Emitter, step: StepState) -> int:
+    """When a deferred step may be dispatched again: the wait it was told (the breaker's
+    cooldown remaining), then a full-jitter draw from its cause (BRK-3; replay never re-draws)."""
+    policy = em.context.policy
+    jitter = _unit_random(em.state.run_id, step.index, "deferral", step.dispatch, em.command.command_id)
+    exponent = min(max(step.dispatch - 1, 0), _MAX_DEFERRAL_EXPONENT)
+    spread = full_jitter_backoff_ms(exponent, policy.backoff_base_ms, policy.backoff_cap_ms, jitter)
+    return em.now_ms + retry_after_ms(step.error_message) + spread
+
+
 def handle_failure(em: Emitter, step: StepState, outcome: RecordStepOutcome) -> None:
     spec = em.context.catalog.get(step.tool)
     error = StepError(
@@ -297,6 +318,10 @@ def fail_step(
 
 def _retry(em: Emitter, step: StepState) -> None:
     dispatch = step.dispatch + 1
+    if is_deferral(step.error_kind):
+        not_before = deferral_until(em, step)
+    else:
+        not_before = backoff_until(em, step.index, step.transient_retries)
     em.emit(
         StepIntentRecorded,
         step_index=step.index,
@@ -311,7 +336,7 @@ def _retry(em: Emitter, step: StepState) -> None:
         epoch=em.state.epoch,
         plan_step_id=step.plan_step_id,
         repair_of=-1,
-        not_before=backoff_until(em, step.index, step.transient_retries),
+        not_before=not_before,
         status=(S.AWAITING_GATE if step.index == em.state.pivot_step else S.PENDING).value,
         tokens_used=0,
         money_used=0.0,
