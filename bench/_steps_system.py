@@ -2,13 +2,13 @@
 
 `StepsSystem` starts a broker (services.common.broker) and the six processes a durable step
 passes through: lease coordinator, projector, command API, simulated environment, effect gateway
-and saga orchestrator, plus the watchdog, which takes in every step's observation (WD-1), on
-temp state dirs. `supervise()` is called from the main thread in a
-loop: whatever has exited (a process the bench SIGKILLed, or one that exited on its own, e.g. a
-processor that could not commit while the broker was down) is started again at once, the broker
-on the same port and data dir. Every start happens on the main thread, under a lifeline
-(services.common.lifeline), so a SIGKILLed bench leaves nothing behind; `kill()` may be called
-from the workload's thread. Nothing here imports from tests/.
+and saga orchestrator, plus the watchdog, which takes in every step's observation (WD-1), and
+the breakers, which take in every effect's outcome (BRK-1), on temp state dirs. `supervise()`
+is called from the main thread in a loop: whatever has exited (a process the bench SIGKILLed, or
+one that exited on its own, e.g. a processor that could not commit while the broker was down) is
+started again at once, the broker on the same port and data dir. Every start happens on the main
+thread, under a lifeline (services.common.lifeline), so a SIGKILLed bench leaves nothing behind;
+`kill()` may be called from the workload's thread. Nothing here imports from tests/.
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ SERVICES = (
     # Not on a step's path, but every step's observation is its input (WD-1): it runs, as in
     # `tenure up`, so its CPU and its transactions are in the figures.
     ("watchdog", "services.watchdog"),
+    # Every effect's outcome is reported to the tool's breaker (BRK-1), as in `tenure up`.
+    ("breakers", "services.breakers"),
 )
 # Recovery scenario name -> the process it SIGKILLs.
 KILLABLE = {"orchestrator": "saga_orchestrator", "coordinator": "lease_coordinator", "broker": "kafka"}
@@ -115,7 +117,7 @@ class Proc:
 
 
 class StepsSystem:
-    """The broker and the seven processes; `supervise()` restarts whatever exited, at once."""
+    """The broker and the eight processes; `supervise()` restarts whatever exited, at once."""
 
     def __init__(
         self, workdir: Path, tag: str, *, saga_workers: int, tool_timeout_s: float, time_scale: float = 0.0
@@ -130,6 +132,7 @@ class StepsSystem:
             "projections": free_port(),
             "saga_orchestrator": free_port(),
             "watchdog": free_port(),
+            "breakers": free_port(),
         }
         self.saga_workers = saga_workers
         self.tool_timeout_s = tool_timeout_s
@@ -178,6 +181,7 @@ class StepsSystem:
             TENURE_PROJECTIONS_HEALTH_PORT=str(self.health_ports["projections"]),
             TENURE_SAGA_HEALTH_PORT=str(self.health_ports["saga_orchestrator"]),
             TENURE_WATCHDOG_HEALTH_PORT=str(self.health_ports["watchdog"]),
+            TENURE_BREAKERS_HEALTH_PORT=str(self.health_ports["breakers"]),
         )
         for name, module in SERVICES:
             self.procs[name] = Proc(name, module, env, self.workdir / name)
@@ -185,7 +189,7 @@ class StepsSystem:
         self.procs["projections"].start()
         views = self.workdir / "state" / "projections" / "run_views" / "CURRENT"
         self._wait(views.exists, "the projector's views store", 60.0)
-        for name in ("command_api", "sim_environment", "effect_gateway", "saga_orchestrator", "watchdog"):
+        for name, _ in SERVICES[2:]:  # after the coordinator and the projector
             self.procs[name].start()
         for name, proc in self.procs.items():
             say(f"started {name} pid {proc.pid} (log {proc.log_file})")
