@@ -182,6 +182,11 @@ class StepsSystem:
             TENURE_SAGA_HEALTH_PORT=str(self.health_ports["saga_orchestrator"]),
             TENURE_WATCHDOG_HEALTH_PORT=str(self.health_ports["watchdog"]),
             TENURE_BREAKERS_HEALTH_PORT=str(self.health_ports["breakers"]),
+            # The simulated environment stands for every tool behind one gateway tool ("env"),
+            # and the recovery workload keeps 200 of its calls in flight at once: its bulkhead
+            # (BRK-4) is sized for that, as a deployment would size it for its load (the default,
+            # an external pool of 16, would make the scenario a test of the bulkhead instead).
+            TENURE_BULKHEAD_TOOLS="env=internal:256/256/30000",
         )
         for name, module in SERVICES:
             self.procs[name] = Proc(name, module, env, self.workdir / name)

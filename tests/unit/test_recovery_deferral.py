@@ -117,7 +117,8 @@ def test_a_circuit_open_step_waits_the_cooldown_and_costs_no_allowance_or_budget
         assert decided[0].action == "TRANSIENT_RETRY" and json.loads(decided[0].inputs)["deferral"] == "true"
         (intent,) = retry
         assert intent.not_before >= before + COOLDOWN_MS, "at least the cooldown remaining"
-        assert intent.dispatch == round_ + 2 and intent.idempotency_key.endswith(f"/d{round_ + 2}")
+        # The same dispatch and key: an earlier request under it may still land (no new key).
+        assert intent.dispatch == 1 and intent.idempotency_key.endswith("/d1")
         step = saga.s.steps[0]
         assert step.transient_retries == 0 and step.consecutive_repairs == 0
         assert saga.s.budget_steps == budget, "a deferral is not a trajectory step"

@@ -317,10 +317,16 @@ def fail_step(
 
 
 def _retry(em: Emitter, step: StepState) -> None:
-    dispatch = step.dispatch + 1
     if is_deferral(step.error_kind):
+        # The refused request sent nothing, but an earlier request under the same key may still
+        # be on its way (queued at a gateway, or sent by an executor that was killed): a new key
+        # could apply the effect twice. A deferral therefore keeps its dispatch and its key, and
+        # only waits; the recipient turns any repeat into "already done".
+        dispatch, key = step.dispatch, step.idempotency_key
         not_before = deferral_until(em, step)
     else:
+        dispatch = step.dispatch + 1
+        key = step_key(em.state.run_id, step.index, dispatch)
         not_before = backoff_until(em, step.index, step.transient_retries)
     em.emit(
         StepIntentRecorded,
@@ -330,7 +336,7 @@ def _retry(em: Emitter, step: StepState) -> None:
         gateway_tool=step.gateway_tool,
         operation=step.operation,
         params=step.params,
-        idempotency_key=step_key(em.state.run_id, step.index, dispatch),
+        idempotency_key=key,
         reversibility=step.reversibility,
         attempt_id=em.state.attempt_id,
         epoch=em.state.epoch,

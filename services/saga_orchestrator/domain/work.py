@@ -40,7 +40,9 @@ class DispatchStep:
 
     @property
     def key(self) -> str:
-        return f"dispatch/{self.idempotency_key}/{self.unknown_outcomes}/e{self.epoch}"
+        # not_before tells a deferred retry (same dispatch, same idempotency key, later) from the
+        # try it follows, so its report is a command of its own.
+        return f"dispatch/{self.idempotency_key}/{self.unknown_outcomes}/e{self.epoch}/t{self.not_before}"
 
 
 @dataclass(frozen=True)
