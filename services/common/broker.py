@@ -41,6 +41,7 @@ from services.common._broker_config import (
     TOOL_JVM_OPTS,
     server_properties,
 )
+from services.common.backoff import Backoff
 from services.common.lifeline import lifeline_argv
 from services.common.settings import TenureSettings
 
@@ -380,6 +381,8 @@ def _log_tail(log_file: Path, lines: int = 30) -> str:
 def _wait_until_ready(handle: BrokerHandle, log_file: Path, timeout: float) -> None:
     host, port = handle.bootstrap_servers.rsplit(":", 1)
     deadline = time.monotonic() + timeout
+    # Full jitter (BRK-3) with a low cap: a restart is ready within ~0.1 s of its log line.
+    backoff = Backoff(base_s=0.02, cap_s=0.2)
     while time.monotonic() < deadline:
         if not handle.running():
             raise BrokerStartError(f"broker exited during start-up; {_log_tail(log_file)}")
@@ -390,7 +393,7 @@ def _wait_until_ready(handle: BrokerHandle, log_file: Path, timeout: float) -> N
                 return
             except (OSError, BrokerError, struct.error):
                 pass
-        time.sleep(0.1)
+        time.sleep(backoff.next_delay())
     raise BrokerStartError(f"broker not ready after {timeout:g}s; {_log_tail(log_file)}")
 
 

@@ -32,17 +32,7 @@ BACKOFF = SERVICES / "common" / "backoff.py"
 JITTER_CALLS = {"next_delay", "full_jitter_s", "full_jitter_ms"}
 
 # "<path under services/>:<function>" -> why the offence is left as it is (for now).
-ALLOWED: dict[str, str] = {
-    "common/kafka/_admin.py:wait_for_broker": (
-        "start-up probe of one process for its broker (a fixed 0.2 s between list_topics calls "
-        "until a deadline); not a fleet-wide retry of a failed request, but it should draw from "
-        "Backoff: reported on issue 13, the file is not this change's"
-    ),
-    "common/broker.py:_wait_until_ready": (
-        "the bundled broker's launcher polling its own child's log and ApiVersions every 0.1 s "
-        "until a deadline (one client, localhost); reported on issue 13 for the same reason"
-    ),
-}
+ALLOWED: dict[str, str] = {}
 
 
 @dataclass(frozen=True)

@@ -107,7 +107,7 @@ def test_a_circuit_open_step_waits_the_cooldown_and_costs_no_allowance_or_budget
     saga = started()
     saga.propose("vm.provision")
     budget = saga.s.budget_steps
-    for round_ in range(12):  # far more than the transient allowance (3)
+    for _ in range(12):  # far more than the transient allowance (3)
         before = saga.now
         events = saga.fail("circuit-open", OPEN, 424)
         failed = of_type(events, StepFailed)

@@ -9,6 +9,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
+from services.common.backoff import Backoff
 from services.common.topics import TopicSpec
 
 __all__ = ["create_topics", "describe_topics", "wait_for_broker"]
@@ -22,13 +23,14 @@ def wait_for_broker(bootstrap_servers: str, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     last_error: Exception | None = None
     admin = _admin(bootstrap_servers)
+    backoff = Backoff(base_s=0.05, cap_s=1.0)  # BRK-3: many processes start against one broker
     while time.monotonic() < deadline:
         try:
             admin.list_topics(timeout=2.0)
             return
         except KafkaException as exc:
             last_error = exc
-            time.sleep(0.2)
+            time.sleep(min(backoff.next_delay(), max(0.0, deadline - time.monotonic())))
     raise TimeoutError(f"Kafka at {bootstrap_servers} did not answer in {timeout_s}s: {last_error}")
 
 
