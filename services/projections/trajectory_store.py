@@ -9,7 +9,6 @@ one atomic write, so the views always equal the fold of exactly the events befor
 
 from __future__ import annotations
 
-import json
 from typing import Any, Callable, Iterable
 
 from services.common.contracts import TRAJECTORY_EVENT_TYPES
@@ -17,6 +16,7 @@ from services.common.kafka import InboundRecord
 from services.common.messages import MessageCodec, UndecodableRecord
 from services.common.store import KeyValueStore
 from services.common.topics import TRAJECTORIES_EVENTS
+from services.projections.batch_fold import FoldedBatch, fold_batch
 from services.projections.trajectory_views import (
     TrajectoryFold,
     apply_trajectory_event,
@@ -25,6 +25,8 @@ from services.projections.trajectory_views import (
     open_incident,
     render_trajectory,
 )
+from services.projections.views import decode_view as _decode
+from services.projections.views import encode_view as _encode
 
 __all__ = ["TRAJECTORY_PREFIXES", "TrajectoryViewStore"]
 
@@ -33,15 +35,6 @@ _VIEW = "tview/"
 _INCIDENT = "incident/"
 _OFFSET = f"offset/{TRAJECTORIES_EVENTS.name}/"
 TRAJECTORY_PREFIXES = (_FOLD, _VIEW, _INCIDENT, _OFFSET)
-
-
-def _encode(value: dict[str, Any]) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode("utf-8")
-
-
-def _decode(raw: bytes) -> dict[str, Any]:
-    value: dict[str, Any] = json.loads(raw)
-    return value
 
 
 class TrajectoryViewStore:
@@ -90,26 +83,11 @@ class TrajectoryViewStore:
         raises VersionGap. `on_undecodable` runs before the batch's offsets are stored, so a
         dead-letter write it makes can never be skipped by a crash.
         """
-        folds: dict[str, TrajectoryFold] = {}
-        puts: dict[str, bytes] = {}
         deletes: set[str] = set()
-        applied = 0
-        for record in records:
-            puts[f"{_OFFSET}{record.partition}"] = str(record.offset + 1).encode()
-            try:
-                event = self._codec.decode(record.value)
-            except UndecodableRecord as exc:
-                if on_undecodable is not None:
-                    on_undecodable(record, exc)
-                continue
-            if not isinstance(event, TRAJECTORY_EVENT_TYPES):
-                continue
-            before = folds.get(event.run_id) or self.fold(event.run_id)
-            after = apply_trajectory_event(before, event)
-            if after is None:
-                continue
-            applied += 1
-            folds[event.run_id] = after
+
+        def track_incidents(
+            before: TrajectoryFold | None, after: TrajectoryFold, batch: FoldedBatch[TrajectoryFold]
+        ) -> None:
             was_open = open_incident(before) if before is not None else None
             now_open = open_incident(after)
             closed = was_open is not None and (
@@ -117,18 +95,30 @@ class TrajectoryViewStore:
             )
             if was_open is not None and closed:
                 key = f"{_INCIDENT}{was_open['incidentId']}"
-                puts.pop(key, None)
+                batch.puts.pop(key, None)
                 deletes.add(key)
             if now_open is not None:
                 key = f"{_INCIDENT}{now_open['incidentId']}"
                 deletes.discard(key)
-                puts[key] = _encode(now_open)
-        for run_id, fold in folds.items():
+                batch.puts[key] = _encode(now_open)
+
+        batch = fold_batch(
+            records,
+            self._codec,
+            TRAJECTORY_EVENT_TYPES,
+            _OFFSET,
+            self.fold,
+            apply_trajectory_event,
+            on_undecodable,
+            track_incidents,
+        )
+        puts = batch.puts
+        for run_id, fold in batch.folds.items():
             puts[f"{_FOLD}{run_id}"] = encode_fold(fold)
             puts[f"{_VIEW}{run_id}"] = _encode(render_trajectory(fold))
         if puts or deletes:
             self._store.write(puts, tuple(sorted(deletes)))
-        return applied
+        return batch.applied
 
     def clear(self) -> None:
         """Forget every trajectory view, incident and offset (the run views stay)."""

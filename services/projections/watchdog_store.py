@@ -10,7 +10,6 @@ offsets.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Callable, Iterable
 
 from services.common.contracts import WATCHDOG_EVENT_TYPES
@@ -18,6 +17,9 @@ from services.common.kafka import InboundRecord
 from services.common.messages import MessageCodec, UndecodableRecord
 from services.common.store import KeyValueStore
 from services.common.topics import WATCHDOG_EVENTS
+from services.projections.batch_fold import fold_batch
+from services.projections.views import decode_view as _decode
+from services.projections.views import encode_view as _encode
 from services.projections.watchdog_views import (
     WatchdogFold,
     apply_watchdog_event,
@@ -34,15 +36,6 @@ _VIEW = "wview/"
 _BRIEF = "wbrief/"
 _OFFSET = f"offset/{WATCHDOG_EVENTS.name}/"
 WATCHDOG_PREFIXES = (_FOLD, _VIEW, _BRIEF, _OFFSET)
-
-
-def _encode(value: dict[str, Any]) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode("utf-8")
-
-
-def _decode(raw: bytes) -> dict[str, Any]:
-    value: dict[str, Any] = json.loads(raw)
-    return value
 
 
 class WatchdogViewStore:
@@ -85,32 +78,18 @@ class WatchdogViewStore:
         Version n+1 of a watchdog is applied, a repeat (version <= n) is dropped, a gap raises
         VersionGap. `on_undecodable` runs before the batch's offsets are stored, so a dead-letter
         write it makes can never be skipped by a crash."""
-        folds: dict[str, WatchdogFold] = {}
-        puts: dict[str, bytes] = {}
-        applied = 0
-        for record in records:
-            puts[f"{_OFFSET}{record.partition}"] = str(record.offset + 1).encode()
-            try:
-                event = self._codec.decode(record.value)
-            except UndecodableRecord as exc:
-                if on_undecodable is not None:
-                    on_undecodable(record, exc)
-                continue
-            if not isinstance(event, WATCHDOG_EVENT_TYPES):
-                continue
-            before = folds.get(event.run_id) or self.fold(event.run_id)
-            after = apply_watchdog_event(before, event)
-            if after is None:
-                continue
-            applied += 1
-            folds[event.run_id] = after
-        for run_id, fold in folds.items():
+        batch = fold_batch(
+            records, self._codec, WATCHDOG_EVENT_TYPES, _OFFSET, self.fold, apply_watchdog_event,
+            on_undecodable,
+        )
+        puts = batch.puts
+        for run_id, fold in batch.folds.items():
             puts[f"{_FOLD}{run_id}"] = encode_fold(fold)
             puts[f"{_VIEW}{run_id}"] = _encode(render_watchdog(fold))
             puts[f"{_BRIEF}{run_id}"] = _encode(render_brief(fold))
         if puts:
             self._store.write(puts, ())
-        return applied
+        return batch.applied
 
     def clear(self) -> None:
         """Forget every watchdog view and offset (the run and trajectory views stay)."""
