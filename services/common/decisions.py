@@ -188,6 +188,8 @@ class DecisionBook:
 
 
 class DecisionListener(DecisionBook):
+    _LAG_EVERY_S = 0.5
+
     def __init__(
         self,
         bootstrap_servers: str,
@@ -205,6 +207,7 @@ class DecisionListener(DecisionBook):
         self._polled_at = time.monotonic()
         self._failure: str | None = None
         self._lag: int | None = None
+        self._lag_at = float("-inf")
         self._follower = TopicFollower(
             bootstrap_servers,
             list(topics),
@@ -232,7 +235,11 @@ class DecisionListener(DecisionBook):
             self._polled_at = time.monotonic()
             # Measured here, in the polling thread: the consumer's position() called from another
             # thread while this one polls blocks (confluent-kafka 2.16), and a probe would hang.
-            self._lag = self._follower.lag()
+            # At most every _LAG_EVERY_S: it asks librdkafka once per partition, and measuring
+            # it on every poll was ~9% of the API's CPU under load.
+            if self._polled_at - self._lag_at >= self._LAG_EVERY_S:
+                self._lag = self._follower.lag()
+                self._lag_at = self._polled_at
             for record in records:
                 try:
                     message = self._codec.decode(record.value)

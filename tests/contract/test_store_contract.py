@@ -9,6 +9,7 @@ RocksStore (production). The processors' crash-safety (DUR-1) leans on two claus
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -134,6 +135,37 @@ class StoreContract:
         # before the prefix: the whole prefix; after it: nothing
         assert [k for k, _ in store.scan("run/", start_after="a")] == ["run/a", "run/b", "run/c/nested"]
         assert list(store.scan("run/", start_after="zzz")) == []
+    def test_scan_before_is_an_exclusive_upper_bound(self, store: KeyValueStore) -> None:
+        store.write(KEYS)
+        assert [k for k, _ in store.scan("run/", before="run/b")] == ["run/a"]
+        assert [k for k, _ in store.scan("run/", before="run/c")] == ["run/a", "run/b"]
+        assert [k for k, _ in store.scan("run/", start_after="run/a", before="run/c/z")] == [
+            "run/b",
+            "run/c/nested",
+        ]
+        assert list(store.scan("run/", before="run/")) == []
+        # a bound past the prefix's end is the prefix's end
+        assert [k for k, _ in store.scan("run/", before="zzz")] == ["run/a", "run/b", "run/c/nested"]
+
+    def test_scan_of_a_prefix_ending_in_high_bytes(self, store: KeyValueStore) -> None:
+        # The bounded iterator's end is the prefix's successor; a last character with the
+        # highest UTF-8 lead byte must still find its keys.
+        store.write({"p\U0010ffff/a": b"1", "p\U0010ffff/b": b"2", "q": b"3"})
+        assert [k for k, _ in store.scan("p\U0010ffff")] == ["p\U0010ffff/a", "p\U0010ffff/b"]
+
+    def test_a_scan_next_to_many_deleted_keys_stays_quick(self, store: KeyValueStore) -> None:
+        """Deleted keys after a prefix (the timer index next to the tenant loads) must not be
+        stepped over one by one: the scan stops at the prefix's end."""
+        store.write({"tenant/acme/0": b"1,0", "tenant/acme/1": b"0,1"})
+        dead = {f"timer/{i:09d}": b"" for i in range(50_000)}
+        store.write(dead)
+        store.write({}, deletes=tuple(dead))
+        store.write({"zz": b""})
+        started = time.perf_counter()
+        for _ in range(50):
+            assert [k for k, _ in store.scan("tenant/acme/")] == ["tenant/acme/0", "tenant/acme/1"]
+        assert (time.perf_counter() - started) / 50 < 0.005
+
 
     def test_paging_with_start_after_visits_every_key_once(self, store: KeyValueStore) -> None:
         keys = [f"idx/{i:05d}" for i in range(23)]

@@ -280,8 +280,10 @@ class CrashableStore:
         if not self.drop_writes:
             self.inner.write(puts, deletes)
 
-    def scan(self, prefix: str, start_after: str | None = None) -> Iterator[tuple[str, bytes]]:
-        return self.inner.scan(prefix, start_after)
+    def scan(
+        self, prefix: str, start_after: str | None = None, *, before: str | None = None
+    ) -> Iterator[tuple[str, bytes]]:
+        return self.inner.scan(prefix, start_after, before=before)
 
     def clear(self) -> None:
         self.inner.clear()

@@ -101,6 +101,13 @@ class AggregateProcessor(Generic[S, C, E, X]):
         self._layout = definition.layout
         self._assigned: set[int] = set()
         self._restored: set[int] = set()
+        # partition -> a due time below which its timer index holds no live entry. A tick scans
+        # from there up to now, not from the start: every renewal deletes a timer, and a scan
+        # from the start steps over each of those deletes until compaction removes it, so the
+        # tick's cost grew with the renewals (issue 16). Only this processor writes the index
+        # (every entry goes through `_index_entries`, which lowers the floor), and a restore
+        # forgets the floor, so it is never above a live entry.
+        self._timer_floor: dict[int, int] = {}
         self._lock = threading.Lock()
         self.misrouted = 0
         # aggregateId -> the version whose timer work failed. Read once, then kept in step with
@@ -117,6 +124,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
         with self._lock:
             self._assigned.clear()
             self._restored.clear()
+            self._timer_floor.clear()
 
     def restore_partitions(self, partitions: set[int]) -> dict[int, int]:
         with self._lock:
@@ -189,6 +197,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
         changes.checkpoints[checkpoint(d.events_topic, partition)] = max(next_offset, events_end)
         changes.checkpoints[checkpoint(d.rejections_topic, partition)] = max(next_rejection, rejections_end)
         self._persist(changes)
+        self._timer_floor.pop(partition, None)
         self._restored.add(partition)
         self.metrics.restored(applied, time.monotonic() - started)
         if applied or changes.rejected:
@@ -394,12 +403,21 @@ class AggregateProcessor(Generic[S, C, E, X]):
         out: list[OutboundRecord] = []
         events: list[tuple[E, int]] = []
         for partition in sorted(self._restored):
-            for key, _ in self._store.scan(layout.timers_of(partition)):
+            floor = self._timer_floor.get(partition)
+            # The lowest due of an entry this tick leaves in place (skipped, set aside, or
+            # decided without an event); entries it changes are re-indexed by the commit.
+            kept = now + 1
+            for key, _ in self._store.scan(
+                layout.timers_of(partition),
+                start_after=None if floor is None else layout.timer_key(partition, floor, ""),
+                before=layout.timer_key(partition, now + 1, ""),
+            ):
                 due, aggregate_id = layout.parse_timer_key(key)
                 if due > now:
                     break
                 state = self._state(changes, aggregate_id)
                 if state is None or self._failed_timers.get(aggregate_id) == d.version(state):
+                    kept = min(kept, due)
                     continue  # gone, or its timer work failed at this very version: wait for a change
                 try:
                     decided = self._evolve(
@@ -408,11 +426,17 @@ class AggregateProcessor(Generic[S, C, E, X]):
                 except Exception as exc:
                     out.append(self._set_timer_aside(partition, aggregate_id, state, due, exc))
                     changes.timer_failures[aggregate_id] = d.version(state)
+                    kept = min(kept, due)
                     continue
                 if decided.events and decided.after is not None:
                     changes.settle(partition, aggregate_id, state, decided.after)
                     out.extend(decided.written)
                     events.extend(decided.events)
+                else:
+                    kept = min(kept, due)
+            # Set before the commit, whose re-indexed entries lower it again; a commit that fails
+            # ends in a restore, which forgets it.
+            self._timer_floor[partition] = kept if floor is None else max(floor, kept)
         if out:
             self._commit(out, events, changes)
         return len(events)
@@ -483,6 +507,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
             partition = changes.partition_of[aggregate_id]
             old = self._index_entries(partition, aggregate_id, changes.before[aggregate_id])
             new = self._index_entries(partition, aggregate_id, after)
+            self._lower_timer_floor(partition, after)
             deletes.extend(key for key in old if key not in new)
             puts.update({key: value for key, value in new.items() if old.get(key) != value})
         context_puts, context_deletes = changes.context.writes()
@@ -501,6 +526,12 @@ class AggregateProcessor(Generic[S, C, E, X]):
             self._failed_timers.pop(aggregate_id, None)
         self._failed_timers.update(failures)
         changes.context.committed()
+
+    def _lower_timer_floor(self, partition: int, state: S | None) -> None:
+        if partition in self._timer_floor and self.definition.has_timers:
+            due = self.definition.next_timer_at(state)
+            if due is not None:
+                self._timer_floor[partition] = min(self._timer_floor[partition], due)
 
     def _index_entries(self, partition: int, aggregate_id: str, state: S | None) -> dict[str, bytes]:
         entries = dict(self.definition.index_entries(partition, aggregate_id, state))

@@ -18,8 +18,11 @@ class KeyValueStore(Protocol):
         """Apply all puts and deletes atomically: after a crash either all or none are visible."""
         ...
 
-    def scan(self, prefix: str, start_after: str | None = None) -> Iterator[tuple[str, bytes]]:
-        """Every (key, value) whose key starts with `prefix`, in key order, after `start_after`."""
+    def scan(
+        self, prefix: str, start_after: str | None = None, *, before: str | None = None
+    ) -> Iterator[tuple[str, bytes]]:
+        """Every (key, value) whose key starts with `prefix`, in key order, after `start_after`
+        and (when given) below `before`."""
         ...
 
     def clear(self) -> None: ...

@@ -27,8 +27,12 @@ class MemoryStore:
             staged.pop(key, None)
         self._data = staged
 
-    def scan(self, prefix: str, start_after: str | None = None) -> Iterator[tuple[str, bytes]]:
+    def scan(
+        self, prefix: str, start_after: str | None = None, *, before: str | None = None
+    ) -> Iterator[tuple[str, bytes]]:
         for key in sorted(self._data):
+            if before is not None and key >= before:
+                return
             if key.startswith(prefix) and (start_after is None or key > start_after):
                 yield key, self._data[key]
 
