@@ -79,6 +79,8 @@ class AggregateProcessor(Generic[S, C, E, X]):
     """Runs one aggregate definition over an event log, a store, a codec and a clock."""
 
     outcome_type: type[BatchOutcome] = BatchOutcome
+    # Events per transaction of a tick with many timers due at once.
+    _TICK_CHUNK = 500
 
     def __init__(
         self,
@@ -108,6 +110,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
         # (every entry goes through `_index_entries`, which lowers the floor), and a restore
         # forgets the floor, so it is never above a live entry.
         self._timer_floor: dict[int, int] = {}
+        self._tick_indexed: dict[int, int] = {}
         self._lock = threading.Lock()
         self.misrouted = 0
         # aggregateId -> the version whose timer work failed. Read once, then kept in step with
@@ -402,6 +405,10 @@ class AggregateProcessor(Generic[S, C, E, X]):
         changes = self._changes()
         out: list[OutboundRecord] = []
         events: list[tuple[E, int]] = []
+        written = 0
+        # The lowest due each partition's chunk commits indexed during its own scan: the floor
+        # set at the scan's end must not rise above them.
+        self._tick_indexed = {}
         for partition in sorted(self._restored):
             floor = self._timer_floor.get(partition)
             # The lowest due of an entry this tick leaves in place (skipped, set aside, or
@@ -434,12 +441,20 @@ class AggregateProcessor(Generic[S, C, E, X]):
                     events.extend(decided.events)
                 else:
                     kept = min(kept, due)
+                if len(events) >= self._TICK_CHUNK:
+                    # Many timers due at once (10,000 schedules on the minute): commit in chunks,
+                    # so the first are on the log while the rest are decided. The scan reads a
+                    # snapshot, so what a chunk re-indexes is not met again in this tick.
+                    self._commit(out, events, changes)
+                    written += len(events)
+                    changes, out, events = self._changes(), [], []
             # Set before the commit, whose re-indexed entries lower it again; a commit that fails
             # ends in a restore, which forgets it.
-            self._timer_floor[partition] = kept if floor is None else max(floor, kept)
+            floor = kept if floor is None else max(floor, kept)
+            self._timer_floor[partition] = min(floor, self._tick_indexed.get(partition, floor))
         if out:
             self._commit(out, events, changes)
-        return len(events)
+        return written + len(events)
 
     def _set_timer_aside(
         self, partition: int, aggregate_id: str, state: S, due: int, exc: Exception
@@ -528,10 +543,14 @@ class AggregateProcessor(Generic[S, C, E, X]):
         changes.context.committed()
 
     def _lower_timer_floor(self, partition: int, state: S | None) -> None:
-        if partition in self._timer_floor and self.definition.has_timers:
-            due = self.definition.next_timer_at(state)
-            if due is not None:
-                self._timer_floor[partition] = min(self._timer_floor[partition], due)
+        if not self.definition.has_timers:
+            return
+        due = self.definition.next_timer_at(state)
+        if due is None:
+            return
+        if partition in self._timer_floor:
+            self._timer_floor[partition] = min(self._timer_floor[partition], due)
+        self._tick_indexed[partition] = min(self._tick_indexed.get(partition, due), due)
 
     def _index_entries(self, partition: int, aggregate_id: str, state: S | None) -> dict[str, bytes]:
         entries = dict(self.definition.index_entries(partition, aggregate_id, state))

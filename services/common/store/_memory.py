@@ -34,7 +34,11 @@ class MemoryStore:
             if before is not None and key >= before:
                 return
             if key.startswith(prefix) and (start_after is None or key > start_after):
-                yield key, self._data[key]
+                # Keys are listed when the scan starts (RocksDB's iterator reads a snapshot);
+                # one deleted meanwhile is passed over.
+                value = self._data.get(key)
+                if value is not None:
+                    yield key, value
 
     def clear(self) -> None:
         self._data = {}
