@@ -16,6 +16,8 @@ help:
 	@echo "make bench-broker-restart - time from kill -9 of the bundled broker until it answers again"
 	@echo "make bench-steps - durable steps beside DBOS / Restate (issue 11; STEPS_ARGS=--quick for a smoke run)"
 	@echo "make bench-breakers - retry herd, fail-fast latency, breaker propagation (issue 13, BRK-2/BRK-3)"
+	@echo "make bench-schedules - 10,000 every-minute schedules: firing lag and CPU (issue 15, EXE-14)"
+	@echo "make bench-runner-host - managed runner host: trigger -> frozen, trigger -> severed (issue 14, QUA-3)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -86,5 +88,25 @@ BREAKERS_ARGS ?= --clients 128 --retries 6 --samples 2000 --propagation 30
 bench-breakers: kafka
 	$(BIN)/python -m bench.breakers_herd $(BREAKERS_ARGS)
 
+# Issue 14 (QUA-1/QUA-3): trigger -> child frozen / network severed on the managed runner host
+# (needs root: cgroups and ip netns); the e2e rows need services/command_api/routes_quarantine.py.
+RUNNER_HOST_ARGS ?= --trials 50 --e2e-trials 30 --out /tmp/tenure-bench-runner-host.md
+.PHONY: bench-runner-host
+bench-runner-host: kafka
+	$(BIN)/python -m bench.runner_host $(RUNNER_HOST_ARGS)
+
+# Issue 14 (QUA-3): trigger -> gateway refusing, trigger -> peer read refused, on real processes.
+QUARANTINE_ARGS ?= --trials 30
+.PHONY: bench-quarantine
+bench-quarantine: kafka
+	$(BIN)/python -m bench.quarantine $(QUARANTINE_ARGS)
+
 clean:
 	rm -rf $(VENV) .tenure .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+# Schedules (issue 15, EXE-14): N schedules firing every minute through the real processor:
+# firing lag (scheduledAt -> run submitted) p50/p99 and the scheduler's CPU (SCHEDULES_ARGS).
+SCHEDULES_ARGS ?= --schedules 10000 --minutes 3
+.PHONY: bench-schedules
+bench-schedules: kafka
+	$(BIN)/python -m bench.schedules $(SCHEDULES_ARGS)

@@ -26,9 +26,12 @@ from fastapi.responses import JSONResponse
 from services.command_api.context import ApiContext, ApiDependencies, open_dependencies
 from services.command_api.problems import CATALOG, ApiProblem, register_problem_handlers
 from services.command_api.routes_admin import admin_router
+from services.command_api.routes_artifacts import artifacts_router
 from services.command_api.routes_breakers import breakers_router
 from services.command_api.routes_leases import leases_router
+from services.command_api.routes_quarantine import quarantine_router
 from services.command_api.routes_runs import runs_router
+from services.command_api.routes_schedules import schedules_router
 from services.command_api.routes_trajectories import trajectories_router
 from services.command_api.routes_watchdog import watchdog_router
 from services.command_api.routes_work import work_router
@@ -144,6 +147,9 @@ def create_app(open_deps: Callable[[], ApiDependencies], *, max_body_bytes: int 
     app.include_router(watchdog_router(ctx))
     app.include_router(admin_router(ctx))
     app.include_router(breakers_router(ctx))
+    app.include_router(schedules_router(ctx))
+    app.include_router(quarantine_router(ctx))
+    app.include_router(artifacts_router(ctx))
     app.add_middleware(
         HttpGuard,
         catalog=CATALOG,

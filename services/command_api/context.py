@@ -40,6 +40,7 @@ from services.common.contracts import (
     TrajectoryCommand,
     WatchdogCommand,
 )
+from services.common.contracts.quarantine import QUARANTINE_EVENT_TYPES
 from services.common.decisions import (
     Decided,
     DecisionBook,
@@ -57,11 +58,14 @@ from services.common.settings import TenureSettings
 from services.common.topics import (
     BREAKERS_EVENTS,
     BREAKERS_REJECTIONS,
+    QUARANTINE_EVENTS,
+    QUARANTINE_REJECTIONS,
     TRAJECTORIES_EVENTS,
     TRAJECTORIES_REJECTIONS,
     WATCHDOG_EVENTS,
     WATCHDOG_REJECTIONS,
 )
+from services.quarantine.view import QuarantineBoard
 
 __all__ = [
     "RETRY_AFTER_S",
@@ -121,8 +125,13 @@ class ApiDependencies:
     breaker_decisions: DecisionBook | None = None
     # The effect gateway's bulkheads as configured (BRK-4; GET /bulkheads), or why they cannot be.
     bulkheads: dict[str, Any] | str | None = None
+    # Quarantines and provenance graphs (QUA-1, QUA-2; services/command_api/quarantine_deps.py);
+    # None: the quarantine and artifact routes answer 503.
+    quarantine: Any = None
 
     def close(self) -> None:
+        if self.quarantine is not None:
+            self.quarantine.close()
         if self.breakers is not None:
             self.breakers.close()
         if self.breaker_decisions is not None:
@@ -201,6 +210,22 @@ def open_dependencies(
         ),
         breaker_decisions=breaker_decisions,
         bulkheads=configured_bulkheads(TenureSettings()),
+        quarantine=_quarantine_deps(bootstrap_servers, codec),
+    )
+
+
+def _quarantine_deps(bootstrap_servers: str, codec: MessageCodec) -> Any:
+    from services.command_api.quarantine_deps import QuarantineDeps  # it imports this module
+
+    return QuarantineDeps(
+        board=QuarantineBoard(bootstrap_servers, codec, client_id="tenure-api-quarantine"),
+        decisions=DecisionListener(
+            bootstrap_servers,
+            codec,
+            topics=(QUARANTINE_EVENTS.name, QUARANTINE_REJECTIONS.name),
+            event_types=QUARANTINE_EVENT_TYPES,
+            client_id="tenure-api-quarantine-decisions",
+        ),
     )
 
 

@@ -11,12 +11,14 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
+from services.command_api.quarantine_problems import QUARANTINE_PROBLEMS, QUARANTINE_REJECTION_PROBLEMS
 from services.common.contracts import (
     BreakerRejectionCode,
     RejectionCode,
     TrajectoryRejectionCode,
     WatchdogRejectionCode,
 )
+from services.common.contracts.schedules import ScheduleRejectionCode
 from services.common.problem_json import (
     COMMON_PROBLEMS,
     Problem,
@@ -30,7 +32,11 @@ __all__ = [
     "BREAKER_REJECTION_PROBLEMS",
     "CATALOG",
     "PROBLEM_TYPES",
+    "QUARANTINE_PROBLEMS",
+    "QUARANTINE_REJECTION_PROBLEMS",
     "REJECTION_PROBLEMS",
+    "SCHEDULE_PROBLEMS",
+    "SCHEDULE_REJECTION_PROBLEMS",
     "TRAJECTORY_PROBLEMS",
     "TRAJECTORY_REJECTION_PROBLEMS",
     "WATCHDOG_PROBLEMS",
@@ -288,6 +294,8 @@ BREAKER_REJECTION_PROBLEMS: dict[str, str] = {
 }
 
 
+# Quarantine and taint: services/command_api/quarantine_problems.py (QUA-1, QUA-2).
+
 PROBLEM_TYPES: dict[str, ProblemType] = {
     p.slug: p
     for p in (
@@ -496,6 +504,41 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
 PROBLEM_TYPES.update({p.slug: p for p in TRAJECTORY_PROBLEMS if p.slug not in PROBLEM_TYPES})
 PROBLEM_TYPES.update({p.slug: p for p in WATCHDOG_PROBLEMS if p.slug not in PROBLEM_TYPES})
 PROBLEM_TYPES.update({p.slug: p for p in BREAKER_PROBLEMS if p.slug not in PROBLEM_TYPES})
+PROBLEM_TYPES.update({p.slug: p for p in QUARANTINE_PROBLEMS if p.slug not in PROBLEM_TYPES})
+# Schedules (routes_schedules.py, EXE-14).
+SCHEDULE_PROBLEMS: tuple[ProblemType, ...] = (
+    ProblemType(
+        "schedule-not-found",
+        "No such schedule",
+        404,
+        "GET /schedules lists the schedules there are; a schedule id is sch_ and 8 to 40 hex digits.",
+    ),
+    ProblemType(
+        "invalid-schedule",
+        "The schedule's cron expression or time zone cannot be used",
+        422,
+        "`field` names the member at fault (cron or timeZone) and `detail` says why: a cron "
+        "expression has five fields (minute hour day month weekday); a time zone is an IANA name "
+        "such as Europe/Berlin. Nothing was recorded.",
+    ),
+    ProblemType(
+        "schedule-conflict",
+        "The schedule is in that state already",
+        409,
+        "Pausing a paused schedule, resuming an active one, or creating one that exists (`code`).",
+    ),
+)
+SCHEDULE_REJECTION_PROBLEMS: dict[str, str] = {
+    ScheduleRejectionCode.INVALID_COMMAND: "validation-failed",
+    ScheduleRejectionCode.INVALID_CRON: "invalid-schedule",
+    ScheduleRejectionCode.UNKNOWN_TIME_ZONE: "invalid-schedule",
+    ScheduleRejectionCode.SCHEDULE_EXISTS: "schedule-conflict",
+    ScheduleRejectionCode.SCHEDULE_NOT_FOUND: "schedule-not-found",
+    ScheduleRejectionCode.SCHEDULE_PAUSED: "schedule-conflict",
+    ScheduleRejectionCode.SCHEDULE_ACTIVE: "schedule-conflict",
+    ScheduleRejectionCode.UNKNOWN_RUN: "validation-failed",
+}
+PROBLEM_TYPES.update({p.slug: p for p in SCHEDULE_PROBLEMS if p.slug not in PROBLEM_TYPES})
 PROBLEM_TYPES.update({p.slug: p for p in COMMON_PROBLEMS if p.slug not in PROBLEM_TYPES})
 CATALOG = ProblemCatalog(PROBLEM_TYPES.values())
 

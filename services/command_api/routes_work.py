@@ -11,9 +11,9 @@ import asyncio
 import json
 import tempfile
 import uuid
-from typing import Any, BinaryIO, cast
+from typing import Annotated, Any, BinaryIO, cast
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from pydantic import Field
 
 from services.command_api.context import ApiContext, check_holder, pending_response, rejection_problem
@@ -28,6 +28,7 @@ from services.command_api.models import (
     Text,
 )
 from services.command_api.problems import ApiProblem
+from services.command_api.routes_artifacts import refuse_quarantined, register_upload
 from services.common.auth import Role
 from services.common.contracts import ProvideInput, RequestInput, RequestUploadGrant, UploadGrantIssued
 from services.common.contracts.ids import run_id_of_attempt, run_id_of_grant
@@ -215,6 +216,7 @@ def work_router(ctx: ApiContext) -> APIRouter:
         who = ctx.principal(request)
         run_id = _run_of_attempt(attempt_id)
         await check_holder(ctx, who.name, run_id, attempt_id)
+        refuse_quarantined(ctx, run_id)  # QUA-1: a quarantined run's grants are revoked
         command = RequestUploadGrant(
             command_id=f"cmd_{uuid.uuid4().hex}",
             run_id=run_id,
@@ -245,8 +247,14 @@ def work_router(ctx: ApiContext) -> APIRouter:
         }
 
     @router.put("/uploads/{grant_id}", status_code=201, summary="Upload the bytes of a granted artifact")
-    async def upload(grant_id: str, request: Request) -> Any:
-        """Only the holder of the attempt the grant was issued to may upload under it."""
+    async def upload(
+        grant_id: str,
+        request: Request,
+        derivedFrom: Annotated[list[str] | None, Query(max_length=1000)] = None,
+        step: Annotated[int | None, Query(ge=0, le=2**31 - 1)] = None,
+    ) -> Any:
+        """Only the holder of the attempt the grant was issued to may upload under it. QUA-2:
+        `derivedFrom` (artifact ids, repeated) and `step` go into the artifact's envelope."""
         who = ctx.principal(request)
         run_id = run_id_of_grant(grant_id)
         if run_id is None:
@@ -261,6 +269,7 @@ def work_router(ctx: ApiContext) -> APIRouter:
         if grant is None:
             raise ApiProblem("grant-not-found", f"no upload grant {grant_id} for run {run_id}")
         await check_holder(ctx, who.name, run_id, grant["attemptId"])
+        refuse_quarantined(ctx, run_id)
         if ctx.deps.clock.now_ms() >= grant["expiresAt"]:
             raise ApiProblem("grant-expired", f"upload grant {grant_id} expired at {grant['expiresAt']}")
         limit = int(grant["maxBytes"])
@@ -285,12 +294,17 @@ def work_router(ctx: ApiContext) -> APIRouter:
                 raise ApiProblem("upload-too-large", str(exc), maxBytes=limit) from exc
             except KeyExists as exc:
                 raise ApiProblem("artifact-exists", str(exc)) from exc
+        known_step = -1 if step is None else step  # unknown: inside any taint of the run
+        envelope = await register_upload(ctx, who, view, grant, stored, derivedFrom or [], known_step)
+        if not isinstance(envelope, dict):
+            return envelope  # the graph refused the envelope (an unknown derivedFrom, ...)
         return {
             "artifactId": grant["destination"],
             "key": key,
             "digest": stored.digest,
             "sizeBytes": stored.size_bytes,
             "mediaType": stored.media_type,
+            **envelope,
         }
 
     return router

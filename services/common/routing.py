@@ -19,6 +19,7 @@ import re
 
 from services.common.contracts import RunCommand, TrajectoryCommand, WatchdogCommand
 from services.common.contracts.breakers import ENDPOINT_ID_PATTERN, BreakerCommand
+from services.common.contracts.schedules import ScheduleCommand
 from services.common.ids import is_run_id
 from services.common.kafka import OutboundRecord
 from services.common.messages import MAX_RECORD_BYTES, MessageCodec, record_bytes
@@ -27,6 +28,7 @@ from services.common.topics import (
     BREAKERS_COMMANDS,
     PROGRESS_OBSERVATIONS,
     RUNS_COMMANDS,
+    SCHEDULES_COMMANDS,
     TRAJECTORIES_COMMANDS,
 )
 
@@ -39,6 +41,8 @@ __all__ = [
     "observation_record",
     "partition_for_endpoint",
     "partition_for_run",
+    "partition_for_schedule",
+    "schedule_command_record",
     "trajectory_command_record",
 ]
 
@@ -99,3 +103,15 @@ def breaker_command_record(codec: MessageCodec, command: BreakerCommand) -> Outb
     """A breaker command (BRK-1, BRK-2) on its endpoint's partition of breakers.commands."""
     partition = partition_for_endpoint(command.run_id)
     return _writable(codec.outbound(BREAKERS_COMMANDS.name, command.run_id, command, partition))
+
+
+def partition_for_schedule(schedule_id: str, partitions: int = SCHEDULES_COMMANDS.partitions) -> int:
+    """A schedule's partition (EXE-14): a stable hash of its id, like an endpoint's."""
+    return int.from_bytes(hashlib.sha256(schedule_id.encode("utf-8")).digest()[:4], "big") % partitions
+
+
+def schedule_command_record(codec: MessageCodec, command: ScheduleCommand) -> OutboundRecord:
+    """A schedule command on its schedule's partition of schedules.commands."""
+    partition = partition_for_schedule(command.run_id)
+    return _writable(codec.outbound(SCHEDULES_COMMANDS.name, command.run_id, command, partition))
+

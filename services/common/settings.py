@@ -91,6 +91,12 @@ class TenureSettings(BaseSettings):
         default="ledger=http://127.0.0.1:9100", description='The gateway\'s tools, "name=url,...".'
     )
     tool_timeout_s: float = Field(default=5.0, gt=0, le=300, description="Gateway timeout per tool call.")
+    tool_egress: str = Field(
+        default="",
+        max_length=10_000,
+        description='Per tool egress allowlist (QUA-1): "tool=host|*.domain,..."; a tool not listed '
+        "declares none.",
+    )
     saga_workers: int = Field(default=16, ge=1, le=512, description="Saga effects in flight at once.")
     tool_catalog: Path | None = Field(
         default=None, description="Tool registrations (SAGA-2); default: the sim environment's."
@@ -121,6 +127,14 @@ class TenureSettings(BaseSettings):
     watchdog_poll_patience: int = Field(default=5, ge=1, le=100, description="Unchanged polls tolerated.")
     # --- the fleet-wide circuit breakers (BRK-1, BRK-2; services/breakers) ---
     breakers_health_port: int = Field(default=8305, ge=0, le=65535, description="0 = off")
+    quarantine_health_port: int = Field(default=8306, ge=0, le=65535, description="0 = off")
+    # --- schedules (EXE-14; services/schedules) ---
+    schedules_health_port: int = Field(default=8307, ge=0, le=65535, description="0 = off")
+    schedules_clock_offset_file: Path | None = Field(
+        default=None,
+        description="Tests and drills only: a file holding milliseconds added to the schedules "
+        "processor's clock (re-read when it changes); unset = the system clock.",
+    )
     breaker_window: int = Field(default=20, ge=20, le=1000, description="W: outcomes in the ring (>= 20).")
     breaker_min_calls: int = Field(default=10, ge=1, le=1000, description="Calls before the rate counts.")
     breaker_failure_rate: float = Field(default=0.5, ge=0.5, le=0.7, description="tau_fail: above it, open.")
@@ -159,6 +173,28 @@ class TenureSettings(BaseSettings):
     )
     java_home: Path | None = Field(
         default=None, validation_alias="JAVA_HOME", description="The Java to run it; unset = `java` on PATH."
+    )
+    # --- the managed runner host (services/runner_host; QUA-1, EXE-7) ---
+    runner_host_health_port: int = Field(default=8308, ge=0, le=65535, description="0 = off")
+    runner_host_id: str = Field(
+        default="rh0",
+        pattern=r"^[A-Za-z0-9_-]{1,40}$",
+        description="Unique per live host: names its cgroups/netns, and start-up removes stale ones.",
+    )
+    runner_host_api_url: str = Field(
+        default="", description="The API the host talks to; empty = http://<api host>:<api port>."
+    )
+    runner_host_api_key: str = Field(
+        default="", description="The runner's own API key (runner role): claims, heartbeats, stage reports."
+    )
+    runner_host_stop_grace_s: float = Field(
+        default=10.0, gt=0, le=3600, description="EXE-7: SIGTERM to SIGKILL of a cancelled child."
+    )
+    runner_host_freezer: Literal["auto", "cgroup-v2-freeze", "cgroup-v1-freezer", "sigstop"] = Field(
+        default="auto", description="Suspension mechanism; auto = the best one the probe finds."
+    )
+    runner_host_network: Literal["auto", "netns", "none"] = Field(
+        default="auto", description="auto/netns = own namespace + veth where possible; none = host network."
     )
 
     def parsed_tenant_limits(self) -> dict[str, tuple[int, int]]:

@@ -19,9 +19,15 @@ __all__ = [
     "INCIDENTS",
     "POLICY",
     "PROGRESS_OBSERVATIONS",
+    "QUARANTINE_COMMANDS",
+    "QUARANTINE_EVENTS",
+    "QUARANTINE_REJECTIONS",
     "RUNS_COMMANDS",
     "RUNS_EVENTS",
     "RUNS_REJECTIONS",
+    "SCHEDULES_COMMANDS",
+    "SCHEDULES_EVENTS",
+    "SCHEDULES_REJECTIONS",
     "TOPICS",
     "TRAJECTORIES_COMMANDS",
     "TRAJECTORIES_EVENTS",
@@ -152,6 +158,49 @@ BREAKERS_REJECTIONS = TopicSpec(
     purpose="Breaker commands the breaker processor refused (CommandRejected), keyed by endpoint.",
 )
 
+# Blast-radius quarantine (QUA-1..QUA-3): a run's quarantine is keyed by its run id (on its run's
+# partition number), a tenant's provenance graph by graph/<tenant> (a stable hash of it); both
+# aggregates are the quarantine processor's (services/quarantine).
+QUARANTINE_COMMANDS = TopicSpec(
+    name="quarantine.commands",
+    partitions=RUNS_COMMANDS.partitions,
+    config={"cleanup.policy": "delete", "retention.ms": _SEVEN_DAYS_MS},
+    purpose="Commands for quarantines (by runId) and provenance graphs (by graph/<tenant>).",
+)
+QUARANTINE_EVENTS = TopicSpec(
+    name="quarantine.events",
+    partitions=QUARANTINE_COMMANDS.partitions,
+    config={"cleanup.policy": "delete", "retention.ms": _FOREVER, "retention.bytes": "-1"},
+    purpose="Facts of quarantines (triggers, stages, clearings) and of artifacts' envelopes and taint.",
+)
+QUARANTINE_REJECTIONS = TopicSpec(
+    name="quarantine.rejections",
+    partitions=QUARANTINE_COMMANDS.partitions,
+    config={"cleanup.policy": "delete", "retention.ms": _THIRTY_DAYS_MS},
+    purpose="Quarantine commands the quarantine processor refused (CommandRejected), keyed by aggregate.",
+)
+
+# Schedules (EXE-14), keyed by schedule id and routed by a stable hash of it (services.common.
+# routing `partition_for_schedule`); the runs they start go to runs.commands like any other.
+SCHEDULES_COMMANDS = TopicSpec(
+    name="schedules.commands",
+    partitions=4,
+    config={"cleanup.policy": "delete", "retention.ms": _SEVEN_DAYS_MS},
+    purpose="Commands for the Schedule aggregate (create, update, pause, resume, trigger, run outcomes).",
+)
+SCHEDULES_EVENTS = TopicSpec(
+    name="schedules.events",
+    partitions=SCHEDULES_COMMANDS.partitions,
+    config={"cleanup.policy": "delete", "retention.ms": _FOREVER, "retention.bytes": "-1"},
+    purpose="Facts of schedules: definitions, pauses, firings decided, skipped, queued; by schedule id.",
+)
+SCHEDULES_REJECTIONS = TopicSpec(
+    name="schedules.rejections",
+    partitions=SCHEDULES_COMMANDS.partitions,
+    config={"cleanup.policy": "delete", "retention.ms": _THIRTY_DAYS_MS},
+    purpose="Schedule commands the schedules processor refused (CommandRejected), keyed by schedule id.",
+)
+
 TOPICS: tuple[TopicSpec, ...] = (
     RUNS_COMMANDS,
     RUNS_EVENTS,
@@ -168,4 +217,10 @@ TOPICS: tuple[TopicSpec, ...] = (
     BREAKERS_COMMANDS,
     BREAKERS_EVENTS,
     BREAKERS_REJECTIONS,
+    QUARANTINE_COMMANDS,
+    QUARANTINE_EVENTS,
+    QUARANTINE_REJECTIONS,
+    SCHEDULES_COMMANDS,
+    SCHEDULES_EVENTS,
+    SCHEDULES_REJECTIONS,
 )

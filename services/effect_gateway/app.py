@@ -94,6 +94,23 @@ GATEWAY_PROBLEMS: tuple[ProblemType, ...] = (
         "the hash given, or that of operation or tool/operation with the payload); nothing was "
         "recorded or sent.",
     ),
+    ProblemType(
+        "run-quarantined",
+        "The run is quarantined",
+        409,
+        "The run was quarantined (QUA-1: an operator, a verifier, or an egress violation): every "
+        "effect of it is refused with RUN_QUARANTINED, whatever the epoch; nothing was recorded or "
+        "sent. Only an operator or an independent verifier can clear it.",
+    ),
+    ProblemType(
+        "egress-not-allowed",
+        "Egress to this host is not allowed",
+        403,
+        "The effect is aimed at a host (`host`) outside the tool's (TENURE_TOOL_EGRESS) or the run's "
+        "(executionSpec.egressAllowlist) allowlist (`declaredBy`). It was refused before anything was "
+        "recorded or dispatched, and the run's quarantine started from the same decision "
+        "(`quarantineTriggered`).",
+    ),
     ProblemType("unknown-tool", "No such tool", 422, "The gateway has no tool of this name (TENURE_TOOLS)."),
     ProblemType(
         "circuit-open",

@@ -55,6 +55,7 @@ from services.common.messages import MessageCodec, UndecodableRecord
 from services.common.routing import command_record
 from services.common.settings import TenureSettings
 from services.common.topics import BREAKERS_EVENTS, BREAKERS_REJECTIONS, RUNS_EVENTS, WATCHDOG_EVENTS
+from services.effect_gateway.egress import parse_tool_egress
 from services.effect_gateway.fencing import (
     FencingView,
     Refusal,
@@ -66,8 +67,10 @@ from services.effect_gateway.fencing import (
     tombstoned_action,
 )
 from services.effect_gateway.protection import CircuitOpen, Guarded, ToolProtection
+from services.effect_gateway.quarantine_guard import QuarantineGuard
 from services.effect_gateway.refusals import EffectRefused, bulkhead_full_problem, circuit_open_problem
 from services.effect_gateway.tools import ToolAnswer, ToolRegistry, ToolUnreachable
+from services.quarantine.view import QuarantineBoard
 
 __all__ = [
     "CATCH_UP_WAIT_S",
@@ -195,6 +198,14 @@ class Gateway:
             tool_timeout_s=settings.tool_timeout_s,
             slow_call_ms=settings.breaker_slow_call_ms,
         )
+        # QUA-1: quarantined runs (folded from quarantine.events) and the egress allowlists.
+        self._quarantine = QuarantineGuard(
+            QuarantineBoard(bootstrap_servers, self._codec, client_id="tenure-gateway-quarantine"),
+            self._publisher,
+            self._codec,
+            parse_tool_egress(settings.tool_egress),
+            publish_timeout_s=decision_timeout_s,
+        )
         self._thread = threading.Thread(target=self._follow, name="gateway-follower", daemon=True)
         self._thread.start()
 
@@ -244,6 +255,7 @@ class Gateway:
             if isinstance(event, EVENT_TYPES):
                 with self._lock:
                     self._views[event.run_id] = fold_fencing(self._views.get(event.run_id), event)
+                self._quarantine.fold_run(event)
             elif isinstance(event, InterventionIssued):
                 self.tombstone(event)
         if not self._caught_up.is_set():
@@ -278,6 +290,7 @@ class Gateway:
         decisions = self._decisions.health()
         board = self._board.health()
         breaker_decisions = self._breaker_decisions.health()
+        quarantine = self._quarantine.fold.health()
         return {
             "caughtUp": _check(self.ready, f"{' and '.join(FOLLOWED)} read to their end as of start-up"),
             "following": _check(following, self._follow_failure or f"following {', '.join(FOLLOWED)}"),
@@ -285,6 +298,7 @@ class Gateway:
             "decisions": _check(decisions.ready, decisions.detail),
             "breakers": _check(board.ready, board.detail),
             "breakerDecisions": _check(breaker_decisions.ready, breaker_decisions.detail),
+            "quarantine": _check(quarantine.ready, quarantine.detail),
         }
 
     @property
@@ -320,6 +334,7 @@ class Gateway:
         view = await self._view_showing(request.run_id, request.attempt_id, request.epoch)
         if view is None:
             raise EffectRefused("run-not-found", f"run {request.run_id} does not exist", runId=request.run_id)
+        self._quarantine.refuse_quarantined(request.run_id)  # QUA-1: whatever the epoch
         refusal = authorize_effect(caller, view, request.attempt_id, request.epoch)
         if refusal is not None:  # commit-time authorization (LEASE-1): nothing is recorded
             log.warning(
@@ -341,6 +356,16 @@ class Gateway:
             # An effect already settled is answered as it was below; anything else would be a
             # new dispatch of the action, which a tombstone forbids (WD-5 level 2).
             self._refuse_tombstoned(request)
+            # QUA-1: an effect aimed outside the egress allowlist is refused before dispatch, and
+            # the same decision starts the run's quarantine.
+            await self._quarantine.check_egress(
+                view,
+                request.tool,
+                request.operation,
+                request.idempotency_key,
+                request.payload,
+                self._clock.now_ms(),
+            )
         if known == "committed":
             # The caller may have lost the first answer (a crash after the effect): give it the
             # recipient's stored result again, or it could not bind a compensator to it.
@@ -553,7 +578,7 @@ class Gateway:
             lease_epoch=request.epoch,
             effect_id=effect_id,
             outcome=outcome,
-            detail=detail,
+            detail=self._quarantine.in_flight_note(request.run_id, detail),
         )
         # Durable, not decided: the answer waits for Kafka's acknowledgement of the command, not
         # for the coordinator's transaction. The intent was decided before the effect (that is
@@ -577,6 +602,7 @@ class Gateway:
     async def close(self) -> None:
         self._stop.set()
         self._board.close()
+        self._quarantine.fold.close()
         self._breaker_decisions.close()
         self._decisions.close()
         self._publisher.close()

@@ -1,11 +1,11 @@
-"""`tenure`: up, broker, topics, tail, replay, rebuild, breakers."""
+"""`tenure`: up, broker, topics, tail, replay, rebuild, breakers, schedules."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from services.tenure_cli import breakers, supervisor, topic_tools
+from services.tenure_cli import breakers, schedules, supervisor, topic_tools
 
 __all__ = ["build_parser", "main"]
 
@@ -21,6 +21,19 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=120.0,
         help="seconds each start-up phase may take until every service is ready (default 120)",
+    )
+    # The managed runner host (QUA-1, EXE-7) runs an agent command, so it starts only when asked.
+    up.add_argument(
+        "--runner-host", metavar="RUN_ID", default=None, help="also run a managed runner host for RUN_ID"
+    )
+    up.add_argument(
+        "--agent-command", default=None, help="the agent command the runner host runs (shell words)"
+    )
+    up.add_argument(
+        "--runner-host-claim-wait",
+        type=float,
+        default=3600.0,
+        help="seconds the runner host waits for RUN_ID to be submitted (default 3600)",
     )
     up.set_defaults(func=supervisor.up)
 
@@ -63,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     rebuild.set_defaults(func=supervisor.rebuild)
 
     breakers.add_parser(sub)
+    schedules.add_parser(sub)
     return parser
 
 

@@ -20,6 +20,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -55,6 +56,10 @@ SERVICES = (
     ("watchdog", "services.watchdog"),
     # The fleet-wide circuit breakers of the tool endpoints (BRK-1, BRK-2).
     ("breakers", "services.breakers"),
+    # Schedules: cron in an IANA zone, overlap, misfire and DST policies (EXE-14).
+    ("schedules", "services.schedules"),
+    # Quarantine and taint: runs' quarantines and tenants' provenance graphs (QUA-1, QUA-2).
+    ("quarantine", "services.quarantine"),
 )
 # The API opens the Run views as a secondary of the projector's store: it must exist first.
 STARTED_BEFORE_THE_REST = ("lease-coordinator", "projections")
@@ -172,6 +177,33 @@ class _Service(_Child):
         if self.process is not None and self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signum)
+
+
+class _RunnerHost(_Service):
+    """The managed runner host (`tenure up --runner-host RUN_ID --agent-command ...`): one run,
+    so once it has exited it is not restarted (its run is over), and its exit is said once."""
+
+    def __init__(
+        self, supervisor: _Supervisor, argv: list[str], check: ReadinessCheck, env: dict[str, str]
+    ) -> None:
+        super().__init__("runner-host", "services.runner_host", check, env)
+        self.supervisor = supervisor
+        self.argv = argv
+        self.said = False
+
+    def launch(self) -> None:
+        argv = lifeline_argv([sys.executable, "-m", self.module, *self.argv])
+        self.process = subprocess.Popen(argv, env=self.env, start_new_session=True)
+        self.started_at = time.monotonic()
+
+    def exit_code(self) -> int | None:
+        code = super().exit_code()
+        if code is None or self.supervisor.stopping:
+            return code
+        if not self.said:
+            self.said = True
+            print(f"runner-host exited with {code}; a managed runner runs one run, not restarted", flush=True)
+        return None
 
 
 class _Broker(_Child):
@@ -329,6 +361,8 @@ def _checks(settings: TenureSettings, api_port: int) -> dict[str, ReadinessCheck
         "saga-orchestrator": processor(settings.saga_health_port),
         "watchdog": processor(settings.watchdog_health_port),
         "breakers": processor(settings.breakers_health_port),
+        "schedules": processor(settings.schedules_health_port),
+        "quarantine": processor(settings.quarantine_health_port),
     }
 
 
@@ -346,8 +380,31 @@ def _bootstrap(settings: TenureSettings, supervisor: _Supervisor) -> str:
     return kafka.handle.bootstrap_servers
 
 
+def _start_runner_host(
+    args: argparse.Namespace,
+    settings: TenureSettings,
+    supervisor: _Supervisor,
+    env: dict[str, str],
+    port: int,
+) -> None:
+    """Start the managed runner host for `args.runner_host` (it waits for the run to be submitted)."""
+    command = shlex.split(args.agent_command or "")
+    if not command:
+        raise ValueError("--runner-host needs --agent-command (the agent the host runs and contains)")
+    host_env = dict(env)
+    if "runner_host_api_url" not in settings.model_fields_set:
+        host_env["TENURE_RUNNER_HOST_API_URL"] = f"http://{probe_host(settings.api_host)}:{port}"
+    argv = ["--run-id", args.runner_host, "--claim-wait", str(args.runner_host_claim_wait), "--", *command]
+    health = settings.runner_host_health_port
+    check = ReadinessCheck(f"http://{probe_host(settings.api_host)}:{health}" if health else None, True)
+    supervisor.launch(_RunnerHost(supervisor, argv, check, host_env))
+    print(f"  Runner host  run {args.runner_host}: {shlex.join(command)} (health port {health})", flush=True)
+
+
 def up(args: argparse.Namespace) -> int:
     settings = TenureSettings()
+    if getattr(args, "runner_host", None) and not shlex.split(args.agent_command or ""):
+        raise ValueError("--runner-host needs --agent-command (the agent the host runs and contains)")
     supervisor = _Supervisor()
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, supervisor.request_stop)
@@ -391,6 +448,8 @@ def up(args: argparse.Namespace) -> int:
             f"  Kafka    {bootstrap}\n  State    {settings.state_dir}\nPress Ctrl-C to stop.",
             flush=True,
         )
+        if getattr(args, "runner_host", None):
+            _start_runner_host(args, settings, supervisor, env, port)
         while not supervisor.stopping:
             supervisor.tick()
             time.sleep(TICK_S)

@@ -58,17 +58,21 @@ from services.common.ids import action_hash, run_id_for
 from services.common.kafka import InboundRecord
 from services.common.messages import MessageCodec
 from services.common.poison import COMMAND_FAILED
-from services.common.routing import partition_for_endpoint, partition_for_run
+from services.common.routing import partition_for_endpoint, partition_for_run, partition_for_schedule
 from services.common.store import MemoryStore
 from services.common.topics import (
     BREAKERS_COMMANDS,
     DEADLETTER,
     PROGRESS_OBSERVATIONS,
+    QUARANTINE_COMMANDS,
     RUNS_COMMANDS,
+    SCHEDULES_COMMANDS,
     TRAJECTORIES_COMMANDS,
 )
 from services.lease_coordinator.domain import attempt_id_for
 from services.lease_coordinator.processor import RunCommandProcessor
+from services.quarantine.processor import QuarantineProcessor
+from services.quarantine.routing import partition_for_aggregate
 from services.saga_orchestrator.domain import (
     DispatchStep,
     EvaluateGate,
@@ -77,8 +81,11 @@ from services.saga_orchestrator.domain import (
     pending_work,
 )
 from services.saga_orchestrator.processor import TrajectoryProcessor
+from services.schedules.processor import ScheduleProcessor
 from services.watchdog.processor import WatchdogProcessor
 from tests.unit.breakers import support as breaker
+from tests.unit.quarantine import contract_case as quarantine
+from tests.unit.schedules import contract_case as schedule
 from tests.unit.strategies import SPEC_TEXTS, cancel_command, submit_command
 from tests.unit.test_lease_domain import claim_cmd, renew_cmd, report_cmd
 from tests.unit.test_trajectory_decide import CATALOG, OUTPUTS, PARAMS
@@ -313,7 +320,31 @@ BREAKER = Case(
 )
 
 
-@pytest.fixture(params=[RUN, TRAJECTORY, WATCHDOG, BREAKER], ids=lambda case: case.name)
+# --- the Schedule (EXE-14) -------------------------------------------------------------------------
+
+SCHEDULE = Case(
+    "schedule",
+    SCHEDULES_COMMANDS.name,
+    lambda log, store, clock: ScheduleProcessor(log, store, CODEC, clock),
+    schedule.contract_commands,
+    schedule.fresh,
+    route=lambda schedule_id: partition_for_schedule(schedule_id, PARTITIONS),
+)
+
+
+# --- Quarantine and taint (QUA-1, QUA-2): runs' quarantines and a tenant's graph ---------------------
+
+QUARANTINE = Case(
+    "quarantine",
+    QUARANTINE_COMMANDS.name,
+    lambda log, store, clock: QuarantineProcessor(log, store, CODEC, clock),
+    quarantine.contract_commands,
+    quarantine.fresh,
+    route=lambda aggregate_id: partition_for_aggregate(aggregate_id, PARTITIONS),
+)
+
+
+@pytest.fixture(params=[RUN, TRAJECTORY, WATCHDOG, BREAKER, SCHEDULE, QUARANTINE], ids=lambda case: case.name)
 def case(request: pytest.FixtureRequest) -> Case:
     return request.param  # type: ignore[no-any-return]
 

@@ -29,8 +29,10 @@ from services.common.messages import MessageCodec
 from services.effect_gateway.app import create_app
 from services.effect_gateway.fencing import fold_fencing
 from services.effect_gateway.protection import ToolProtection
+from services.effect_gateway.quarantine_guard import QuarantineGuard
 from services.effect_gateway.service import Gateway
 from services.effect_gateway.tools import ToolRegistry
+from services.quarantine.view import QuarantineFold
 
 Command = RecordEffectIntent | RecordEffectOutcome
 
@@ -111,6 +113,7 @@ class OfflineGateway(Gateway):
         tools: dict[str, str] | None = None,
         bulkheads: Bulkheads | None = None,
         tool_timeout_s: float = 5.0,
+        egress: dict[str, tuple[str, ...]] | None = None,
     ) -> None:
         # Deliberately not Gateway.__init__: that opens Kafka clients.
         self.tool = tool or RecordingTool()
@@ -135,6 +138,12 @@ class OfflineGateway(Gateway):
         self.sent: list[Command] = []
         self._publisher = RecordingPublisher(self)  # type: ignore[assignment]
         self.decide: Callable[[Command], Decision | None] = Decided
+        # QUA-1: quarantines folded by hand (`quarantine_fold.apply`), egress rules as given.
+        self.quarantine_fold = QuarantineFold()
+        publisher: Any = self._publisher
+        self._quarantine = QuarantineGuard(
+            self.quarantine_fold, publisher, self._codec, egress or {}, publish_timeout_s=1.0
+        )
 
     def fold(self, *events: RunEvent) -> OfflineGateway:
         with self._lock:

@@ -56,6 +56,8 @@ def _path(template: str) -> str:
         "kind": "principal",
         "subject": "mallory",
         "endpoint": "ledger",
+        "artifact_id": "art_" + "0" * 32,
+        "schedule_id": "sch_0123456789abcdef",
     }
     for name, value in values.items():
         template = template.replace("{" + name + "}", value)

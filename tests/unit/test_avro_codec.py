@@ -198,6 +198,8 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "timeoutSeconds": 600,
         "maxAttempts": 3,
         "parentRunId": "run-0",
+        "agentRevisionId": "agrev-1",
+        "labels": {"schedule": "sch_0123456789abcdef"},
     },
     CANCEL_RUN: {
         "commandId": "cmd-2",
@@ -225,6 +227,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "queueReservationId": "resv-1",
         "labels": {"team": "infra"},
         "parentRunId": None,
+        "agentRevisionId": None,
     },
     RUN_CANCELLED: {
         "eventId": "evt-2",
@@ -279,7 +282,7 @@ GOLDEN_SAMPLED = (
     # breakers', one sample each from its golden.
     *(
         f"{json.loads(path.read_text(encoding='utf-8'))['namespace']}.{path.name.split('.')[0]}"
-        for area in ("trajectories", "incidents", "watchdog", "breakers")
+        for area in ("trajectories", "incidents", "watchdog", "breakers", "schedules", "quarantine")
         for path in sorted((REPO_ROOT / "schemas" / area).rglob("*.avsc"))
     ),
 )
@@ -389,13 +392,14 @@ def test_defaults_fill_omitted_optional_fields(registry: SchemaRegistry) -> None
 def test_run_submitted_v1_data_decodes_into_latest_reader_with_empty_labels_and_no_parent(
     registry: SchemaRegistry,
 ) -> None:
-    v1_record = {k: v for k, v in SAMPLES[RUN_SUBMITTED].items() if k not in ("labels", "parentRunId")}
+    later = ("labels", "parentRunId", "agentRevisionId")
+    v1_record = {k: v for k, v in SAMPLES[RUN_SUBMITTED].items() if k not in later}
     data = registry.encode(RUN_SUBMITTED, v1_record, version=1)
     assert data[2:10].hex() == registry.get(RUN_SUBMITTED, 1).fingerprint_hex
     decoded = registry.decode(data)
-    assert registry.latest(RUN_SUBMITTED).version == 3
+    assert registry.latest(RUN_SUBMITTED).version == 4
     assert decoded.version == 1
-    assert decoded.record == {**v1_record, "labels": {}, "parentRunId": None}
+    assert decoded.record == {**v1_record, "labels": {}, "parentRunId": None, "agentRevisionId": None}
 
 
 def test_decode_can_target_an_older_reader_version(registry: SchemaRegistry) -> None:
@@ -619,7 +623,7 @@ def test_headers_name_the_latest_schema_without_decoding(registry: SchemaRegistr
     assert registry.headers_for(RUN_SUBMITTED) == [
         ("tenure-schema", b"tenure.runs.events.RunSubmitted"),
         ("tenure-schema-fingerprint", data[2:10].hex().encode()),
-        ("tenure-schema-version", b"3"),
+        ("tenure-schema-version", b"4"),
     ]
     assert len(latest.fingerprint_hex) == 16
 
@@ -658,6 +662,8 @@ _submit_runs = st.fixed_dictionaries(
         "timeoutSeconds": _int32,
         "maxAttempts": _int32,
         "parentRunId": st.none() | _text,
+        "agentRevisionId": st.none() | _text,
+        "labels": st.dictionaries(_text, _text, max_size=5),
     }
 )
 _run_submitted = st.fixed_dictionaries(
@@ -679,6 +685,7 @@ _run_submitted = st.fixed_dictionaries(
         "queueReservationId": _text,
         "labels": st.dictionaries(_text, _text, max_size=5),
         "parentRunId": st.none() | _text,
+        "agentRevisionId": st.none() | _text,
     }
 )
 

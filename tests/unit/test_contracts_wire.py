@@ -55,6 +55,8 @@ from services.common.contracts import (
     full_name_of,
     to_record,
 )
+from services.common.contracts.quarantine import QUARANTINE_COMMAND_TYPES, QUARANTINE_EVENT_TYPES
+from services.common.contracts.schedules import SCHEDULE_COMMAND_TYPES, SCHEDULE_EVENT_TYPES
 from services.common.messages import MessageCodec
 from services.common.topics import POLICY, RUNS_COMMANDS, RUNS_EVENTS, RUNS_REJECTIONS
 
@@ -75,6 +77,10 @@ ALL_TYPES: tuple[type[Any], ...] = (
     *WATCHDOG_EVENT_TYPES,
     *BREAKER_COMMAND_TYPES,
     *BREAKER_EVENT_TYPES,
+    *SCHEDULE_COMMAND_TYPES,
+    *SCHEDULE_EVENT_TYPES,
+    *QUARANTINE_COMMAND_TYPES,
+    *QUARANTINE_EVENT_TYPES,
 )
 
 # Nested Avro records and their contract types, by Avro full name.

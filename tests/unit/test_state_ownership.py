@@ -72,6 +72,10 @@ OWNERS = {
     "WATCHDOG_REJECTIONS": "watchdog",
     "BREAKERS_EVENTS": "breakers",
     "BREAKERS_REJECTIONS": "breakers",
+    "QUARANTINE_EVENTS": "quarantine",
+    "QUARANTINE_REJECTIONS": "quarantine",
+    "SCHEDULES_EVENTS": "schedules",
+    "SCHEDULES_REJECTIONS": "schedules",
 }
 TRANSACTIONAL_WRITERS = {"KafkaEventLog", "TransactionalWriter"}
 # The one launcher of an aggregate's process (services/common/process.py) builds its log.
@@ -134,9 +138,10 @@ def test_only_the_owning_processors_write_the_systems_of_record_EXE_13() -> None
     assert writes["RUNS_COMMANDS"] == {"common"} and writes["TRAJECTORIES_COMMANDS"] == {"common"}
     assert writes["PROGRESS_OBSERVATIONS"] == {"common"}
     assert writes["BREAKERS_COMMANDS"] == {"common"}
+    assert writes["SCHEDULES_COMMANDS"] == {"common"}
     # Only the processors hold a transactional log: the one launcher builds it for them (and the
     # adapter builds the writer for it), and only the processors call the launcher.
-    processors = {"lease_coordinator", "saga_orchestrator", "watchdog", "breakers"}
+    processors = {"lease_coordinator", "saga_orchestrator", "watchdog", "breakers", "quarantine", "schedules"}
     assert builders[PROCESS_LAUNCHER] == processors, builders
     assert builders["KafkaEventLog"] == {"common"}, builders
     assert builders["TransactionalWriter"] == {"common"}, builders

@@ -66,6 +66,18 @@ from services.common.contracts.lifecycle import (
     RunInterrupted,
     RunRetried,
 )
+from services.common.contracts.quarantine import (
+    QUARANTINE_COMMAND_TYPES,
+    QUARANTINE_COMMANDS_NS,
+    QUARANTINE_EVENT_TYPES,
+    QUARANTINE_EVENTS_NS,
+)
+from services.common.contracts.schedules import (
+    SCHEDULE_COMMAND_TYPES,
+    SCHEDULE_COMMANDS_NS,
+    SCHEDULE_EVENT_TYPES,
+    SCHEDULE_EVENTS_NS,
+)
 from services.common.contracts.trajectories import (
     AbortTrajectory,
     AdoptLease,
@@ -136,6 +148,9 @@ class SubmitRun(CommandHeader):
     timeout_seconds: int
     max_attempts: int = 3
     parent_run_id: str | None = None
+    # v3 (EXE-14): what the run runs, when a schedule (or a caller) names it; labels as given.
+    agent_revision_id: str | None = None
+    labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,6 +170,7 @@ class RunSubmitted(EventHeader):
     queue_reservation_id: str
     labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     parent_run_id: str | None = None
+    agent_revision_id: str | None = None  # v4 (EXE-14)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -306,6 +322,10 @@ _NAMESPACE_BY_TYPE: dict[type[Any], str] = {
     **{cls: WATCHDOG_EVENTS_NS for cls in WATCHDOG_EVENT_TYPES},
     **{cls: BREAKER_COMMANDS_NS for cls in BREAKER_COMMAND_TYPES},
     **{cls: BREAKER_EVENTS_NS for cls in BREAKER_EVENT_TYPES},
+    **{cls: SCHEDULE_COMMANDS_NS for cls in SCHEDULE_COMMAND_TYPES},
+    **{cls: SCHEDULE_EVENTS_NS for cls in SCHEDULE_EVENT_TYPES},
+    **{cls: QUARANTINE_COMMANDS_NS for cls in QUARANTINE_COMMAND_TYPES},
+    **{cls: QUARANTINE_EVENTS_NS for cls in QUARANTINE_EVENT_TYPES},
 }
 _TYPE_BY_FULL_NAME: dict[str, type[Any]] = {
     f"{ns}.{cls.__name__}": cls for cls, ns in _NAMESPACE_BY_TYPE.items()

@@ -233,6 +233,9 @@ def _decide_submit(state: RunState | None, command: SubmitRun, now_ms: int) -> D
             max_attempts=command.max_attempts,
             queue_reservation_id=derived_id("rsv", command.run_id, "queue"),
             parent_run_id=command.parent_run_id,
+            # EXE-14: what a scheduled (or pinned) run runs, and its labels, as submitted.
+            labels=command.labels,
+            agent_revision_id=command.agent_revision_id,
         ),
     )
 

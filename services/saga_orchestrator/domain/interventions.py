@@ -29,13 +29,20 @@ from services.saga_orchestrator.domain.lifecycle import StepStatus, TrajectorySt
 from services.saga_orchestrator.domain.recovery import freeze
 from services.saga_orchestrator.domain.state import TrajectoryState
 
-__all__ = ["enforce_deadlock", "record_intervention", "refused_by_watchdog"]
+__all__ = [
+    "QUARANTINE_CODE",
+    "enforce_deadlock",
+    "freeze_quarantined",
+    "record_intervention",
+    "refused_by_watchdog",
+]
 
 C = TrajectoryRejectionCode
 S = StepStatus
 T = TrajectoryStatus
 _ACTIVE = (T.FORWARD, T.POST_PIVOT, T.AWAITING_REPAIR, T.AWAITING_APPROVAL)
 _ACTION_HASH = re.compile(ACTION_HASH_PATTERN)
+QUARANTINE_CODE = "RUN_QUARANTINED"
 
 
 def refused_by_watchdog(state: TrajectoryState, tool: str, params: dict[str, Any]) -> Rejection | None:
@@ -83,9 +90,30 @@ def record_intervention(em: Emitter, command: RecordWatchdogIntervention) -> Rej
         detail=command.detail,
         message=command.message,
     )
-    if command.level == 3:
+    if command.level == 3 and command.code == QUARANTINE_CODE:
+        freeze_quarantined(em)
+    elif command.level == 3:
         enforce_deadlock(em)
     return None
+
+
+def freeze_quarantined(em: Emitter) -> None:
+    """QUA-1: a quarantined run's trajectory freezes whatever its pivot state, and no
+    compensator runs on the model's behalf (services/quarantine sends this as a level-3
+    intervention with code RUN_QUARANTINED). The incident lists the uncompensated effects (before
+    the pivot: the whole stack) for an operator, who decides; level 3 already refuses every
+    proposal. The quarantine revoked the lease itself; the freeze's REC-7 revocation only bumps
+    the epoch once more."""
+    state = em.state
+    if state.status not in _ACTIVE and state.status is not T.UNWINDING:
+        return  # frozen or ended already
+    shown = json.loads(state.watchdog_intervention) if state.watchdog_intervention else {}
+    error = {
+        "kind": QUARANTINE_CODE,
+        "message": str(shown.get("detail", "")),
+        "interventionId": str(shown.get("interventionId", "")),
+    }
+    freeze(em, "QUARANTINED", len(state.steps) - 1, error)
 
 
 def enforce_deadlock(em: Emitter) -> None:

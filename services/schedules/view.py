@@ -1,0 +1,192 @@
+"""The schedules as readers see them (EXE-14): a fold of schedules.events, and the JSON view.
+
+`ScheduleBoard` follows schedules.events and schedules.rejections from the beginning in a
+thread, folds each schedule with the aggregate's own `evolve` (one fold per aggregate, none
+written here) and remembers recent refusals by the id of the command refused, so the API can
+answer a write with its outcome. `schedule_view` renders a state with its next firings in local
+time and UTC (RFC 3339) and its history of firings.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from services.common.backoff import Backoff
+from services.common.contracts import CommandRejected
+from services.common.contracts.schedules import SCHEDULE_EVENT_TYPES
+from services.common.kafka import TopicFollower
+from services.common.messages import MessageCodec, UndecodableRecord
+from services.common.topics import SCHEDULES_EVENTS, SCHEDULES_REJECTIONS
+from services.schedules.domain import (
+    NonexistentPolicy,
+    RepeatedPolicy,
+    ScheduleState,
+    evolve,
+    next_firings,
+    zone_of,
+)
+
+__all__ = ["ScheduleBoard", "rfc3339", "schedule_view"]
+
+_MAX_REJECTIONS = 10_000
+
+
+def rfc3339(ms: int, zone: str = "UTC") -> str:
+    moment = datetime.fromtimestamp(ms / 1000, UTC).astimezone(zone_of(zone))
+    text = moment.isoformat(timespec="seconds")
+    return text.replace("+00:00", "Z") if zone == "UTC" else text
+
+
+def schedule_view(state: ScheduleState, now_ms: int, upcoming: int = 5) -> dict[str, Any]:
+    d = state.definition
+    policies = NonexistentPolicy(d.nonexistent_policy), RepeatedPolicy(d.repeated_policy)
+    after = max(now_ms, state.evaluated_until)
+    future = (
+        next_firings(d.cron, d.time_zone, after, upcoming, *policies)
+        if state.status.value == "active"
+        else []
+    )
+    return {
+        "scheduleId": state.schedule_id,
+        "version": state.version,
+        "status": state.status.value,
+        "tenant": state.tenant,
+        "owner": state.owner,
+        "agentRevisionId": d.agent_revision_id,
+        "runTemplate": {
+            "executionSpec": d.execution_spec,
+            "retrySafe": d.retry_safe,
+            "timeoutSeconds": d.timeout_seconds,
+            "maxAttempts": d.max_attempts,
+            "labels": dict(d.labels),
+        },
+        "timeZone": d.time_zone,
+        "cron": d.cron,
+        "overlapPolicy": d.overlap_policy,
+        "misfirePolicy": d.misfire_policy,
+        "dst": {"nonexistent": d.nonexistent_policy, "repeated": d.repeated_policy},
+        "nextRunAt": rfc3339(state.next_run_at) if state.next_run_at and future else None,
+        "nextFirings": [{"local": rfc3339(t, d.time_zone), "utc": rfc3339(t)} for t in future],
+        "activeRuns": list(state.active_runs),
+        "pending": _firing(state.pending, d.time_zone) if state.pending is not None else None,
+        "fired": state.fired,
+        "skipped": state.skipped,
+        "history": [_firing(f, d.time_zone) for f in reversed(state.history)],
+        "createdAt": rfc3339(state.created_at),
+        "updatedAt": rfc3339(state.updated_at),
+    }
+
+
+def _firing(f: Any, zone: str) -> dict[str, Any]:
+    return {
+        "firingKey": f.firing_key,
+        "scheduledAt": rfc3339(f.scheduled_at),
+        "scheduledAtLocal": rfc3339(f.scheduled_at, zone),
+        "status": f.status.value,
+        "manual": f.manual,
+        "runId": f.run_id or None,
+        "detail": f.detail,
+        "coalesced": f.coalesced,
+        "merged": f.merged,
+    }
+
+
+class ScheduleBoard:
+    def __init__(self, bootstrap: str, client_id: str = "tenure-schedule-board") -> None:
+        self._bootstrap = bootstrap
+        self._client_id = client_id
+        self._codec = MessageCodec()
+        self._lock = threading.Condition()
+        self._states: dict[str, ScheduleState] = {}
+        self._rejections: OrderedDict[str, CommandRejected] = OrderedDict()
+        self._stop = threading.Event()
+        self.failure: str | None = None
+        self._current = threading.Event()  # caught up with the log as it was when following began
+        self._thread = threading.Thread(target=self._run, daemon=True, name=client_id)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def get(self, schedule_id: str) -> ScheduleState | None:
+        with self._lock:
+            return self._states.get(schedule_id)
+
+    def states(self) -> list[ScheduleState]:
+        with self._lock:
+            return list(self._states.values())
+
+    def wait(self, answered: Callable[[], Any], timeout_s: float) -> Any:
+        """`answered()` once it is truthy (re-checked as events are folded), or None at the timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while True:
+                value = answered()
+                left = deadline - time.monotonic()
+                if value or left <= 0:
+                    return value or None
+                self._lock.wait(min(left, 0.2))
+
+    def wait_current(self, timeout_s: float) -> bool:
+        """True once the board has folded everything that was on the log when it started."""
+        return self._current.wait(timeout_s)
+
+    def rejection(self, command_id: str) -> CommandRejected | None:
+        with self._lock:
+            return self._rejections.get(command_id)
+
+    def _run(self) -> None:
+        backoff = Backoff(base_s=0.2, cap_s=10.0)
+        positions: dict[str, dict[int, int]] = {}
+        while not self._stop.is_set():
+            try:
+                topics = (SCHEDULES_EVENTS.name, SCHEDULES_REJECTIONS.name)
+                followers = {
+                    t: TopicFollower(self._bootstrap, [t], positions.get(t, {}), self._client_id)
+                    for t in topics
+                }
+                self.failure = None
+                targets = {t: f.end_offsets(t) for t, f in followers.items()}
+                try:
+                    while not self._stop.is_set():
+                        for topic, follower in followers.items():
+                            for record in follower.poll(max_records=2000, timeout_s=0.05):
+                                positions.setdefault(topic, {})[record.partition] = record.offset + 1
+                                self._fold(record.value)
+                        if not self._current.is_set() and all(
+                            positions.get(t, {}).get(p, 0) >= end or end <= 0
+                            for t, ends in targets.items()
+                            for p, end in ends.items()
+                        ):
+                            self._current.set()
+                finally:
+                    for follower in followers.values():
+                        follower.close()
+            except Exception as exc:  # the broker went away: the board is stale until it is back
+                self.failure = f"{type(exc).__name__}: {exc}"
+                self._stop.wait(backoff.next_delay())
+
+    def _fold(self, value: bytes) -> None:
+        try:
+            message = self._codec.decode(value)
+        except UndecodableRecord:
+            return
+        with self._lock:
+            if isinstance(message, SCHEDULE_EVENT_TYPES):
+                before = self._states.get(message.run_id)
+                if before is not None and message.version <= before.version:
+                    return  # a repeat
+                try:
+                    self._states[message.run_id] = evolve(before, message)
+                except ValueError:
+                    return  # a gap this reader cannot fold; the next restart reads from the start
+            elif isinstance(message, CommandRejected):
+                self._rejections[message.causation_id] = message
+                while len(self._rejections) > _MAX_REJECTIONS:
+                    self._rejections.popitem(last=False)
+            self._lock.notify_all()
