@@ -90,6 +90,7 @@ def serve_aggregate(
             instance_id=settings.instance_id,
             data_dir=home / "faust",
             session_timeout_s=settings.session_timeout_s,
+            batch_window_s=settings.batch_window_ms / 1000,
             framework_log_level=settings.framework_log_level,
             tick_interval_s=spec.tick_interval_s,
         ),

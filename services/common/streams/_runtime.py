@@ -83,7 +83,7 @@ class StreamSettings:
     # returns within the session timeout; a dead member is noticed only after it.
     session_timeout_s: float = 10.0
     batch_size: int = 200
-    batch_window_s: float = 0.001
+    batch_window_s: float = 0.005  # TENURE_BATCH_WINDOW_MS
     # How often timer work (lease expiry) runs: bounds how late an expiry is recorded.
     tick_interval_s: float = 0.1
     # faust's own chatter; raise to INFO/DEBUG when diagnosing rebalances.
