@@ -120,6 +120,13 @@ class SubmitRunRequest(ApiBody):
     retrySafe: bool = Field(False, description="May Tenure retry automatically after lease loss?")
     timeoutSeconds: int = Field(ge=1, le=MAX_TIMEOUT_SECONDS, description="Bounds the whole run (EXE-10).")
     maxAttempts: int = Field(3, ge=1, le=MAX_ATTEMPTS_LIMIT)
+    agentRevisionId: Identifier | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="What the run runs (EXE-14): the agent revision, as a schedule names it; "
+        "shown in the Run view, null when none is named.",
+    )
 
 
 class CancelRequest(ApiBody):

@@ -14,6 +14,10 @@
 * POST /artifacts/{artifactId}/clear (operator or verifier, never the producing run's principal)
   `{"reason", "evidence"}`: CLEARED, with who, what and the evidence recorded.
 
+A committed saga step's output is an artifact too: the saga registers its envelope with the
+commit (services/saga_orchestrator/step_artifacts.py); its bytes are the step's output text, read
+from the trajectory, not the object store.
+
 `register_upload` (called by PUT /uploads/{grantId}) registers an uploaded artifact's envelope,
 with `derivedFrom` and `step` as the uploader declares them; `refuse_quarantined` is the upload
 routes' check that a quarantined run's grants are revoked.
@@ -47,6 +51,7 @@ from services.common.decisions import Rejected
 from services.common.ids import canonical_json, derived_id
 from services.quarantine.domain import ArtifactStatus, servable
 from services.quarantine.view import render_artifact
+from services.saga_orchestrator.step_artifacts import parse_step_location
 
 __all__ = [
     "ArtifactClearBody",
@@ -150,6 +155,32 @@ def artifacts_router(ctx: ApiContext) -> APIRouter:
             raise ApiProblem("artifact-not-found", f"no artifact {artifact_id}")
         return hit
 
+    async def _bytes_of(artifact: Any) -> bytes:
+        """An upload's bytes from the object store; a saga step's output from its trajectory."""
+        step = parse_step_location(artifact.location)
+        if step is not None:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + min(0.5, ctx.remaining())
+            while True:  # the commit is on the log; its projection may be a moment behind
+                output = await ctx.in_thread("the trajectory views", ctx.deps.views.step_output, *step)
+                if output is not None or loop.time() >= deadline:
+                    break
+                await asyncio.sleep(0.01)
+            if output is None:
+                raise ApiProblem(
+                    "artifact-not-found", f"the output of {artifact.artifact_id} is not shown yet"
+                )
+            return output.encode("utf-8")
+        try:
+            handle = await ctx.in_thread("the object store", ctx.deps.objects.open, artifact.location)
+        except LookupError as exc:
+            raise ApiProblem(
+                "artifact-not-found", f"the bytes of {artifact.artifact_id} are gone: {exc}"
+            ) from exc
+        with handle:
+            data: bytes = await ctx.in_thread("the object store", handle.read)
+        return data
+
     def quarantined(artifact: Any, path: str) -> JSONResponse:
         return problem_response(
             "artifact-quarantined",
@@ -197,12 +228,7 @@ def artifacts_router(ctx: ApiContext) -> APIRouter:
             return problem_response(slug, r.detail, request.url.path, code=r.code, artifactId=artifact_id)
         if outcome is None:
             raise ctx.unavailable("the read was not decided in time; nothing was served")
-        try:
-            handle = await ctx.in_thread("the object store", ctx.deps.objects.open, artifact.location)
-        except LookupError as exc:
-            raise ApiProblem("artifact-not-found", f"the bytes of {artifact_id} are gone: {exc}") from exc
-        with handle:
-            data = await ctx.in_thread("the object store", handle.read)
+        data = await _bytes_of(artifact)
         return Response(
             content=data,
             media_type=artifact.media_type,

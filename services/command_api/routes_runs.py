@@ -63,6 +63,8 @@ def _submission(view: dict[str, Any]) -> dict[str, Any]:
         "retrySafe": view["retrySafe"],
         "timeoutSeconds": view["timeoutSeconds"],
         "maxAttempts": view["maxAttempts"],
+        # Views folded before runs carried it have no member: the same as none named.
+        "agentRevisionId": view.get("agentRevisionId"),
     }
 
 
@@ -123,6 +125,7 @@ def runs_router(ctx: ApiContext) -> APIRouter:
             retry_safe=body.retrySafe,
             timeout_seconds=body.timeoutSeconds,
             max_attempts=body.maxAttempts,
+            agent_revision_id=body.agentRevisionId,
         )
         outcome = await ctx.publish_and_wait(command)
         if isinstance(outcome, (Rejected, PendingCommand)):
@@ -229,6 +232,8 @@ def runs_router(ctx: ApiContext) -> APIRouter:
                 timeout_seconds=current["timeoutSeconds"],
                 max_attempts=current["maxAttempts"],
                 parent_run_id=run_id,
+                # The retry runs what its parent ran (EXE-14).
+                agent_revision_id=current.get("agentRevisionId"),
             )
         else:
             command = RetryRun(

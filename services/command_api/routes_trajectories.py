@@ -355,6 +355,7 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
             keyed.check(first["commandId"], recorded, f"the trajectory of run {run_id}")
             return JSONResponse(existing, status_code=201, headers={"Location": f"/runs/{run_id}/trajectory"})
         command_id = keyed.command_id
+        run = await ctx.view(run_id)  # _current_lease found it: the tenant names its graph (QUA-2)
         command = StartTrajectory(
             **_header(ctx, request, who, run_id, command_id),
             attempt_id=body.attemptId,
@@ -366,6 +367,7 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
             budget_money=budget.money,
             rerun_cost_ms=rerun.durationMs,
             rerun_cost_money=rerun.money,
+            tenant=str((run or {}).get("tenant") or "") or None,
         )
         return await decide(command, request.url.path, status=201)
 

@@ -126,6 +126,12 @@ class ViewReader:
 
         return self._current(read, self._heard_trajectory, run_id)
 
+    def step_output(self, run_id: str, step_index: int) -> str | None:
+        """The exact output text of a committed step (a saga step's artifact, QUA-2), else None."""
+        fold = self._fresh_trajectories().fold(run_id)
+        step = fold.state.step(step_index) if fold is not None else None
+        return step.output if step is not None and step.status.value == "committed" else None
+
     def _watchdog_store(self) -> WatchdogViewStore:
         self._store()
         assert self._watchdogs is not None

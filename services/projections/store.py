@@ -40,7 +40,8 @@ __all__ = ["BadCursor", "Page", "RunViewStore"]
 _ALL = "*"
 _LAYOUT_KEY = "meta/run-views-layout"
 # 2: each view is rendered from a stored fold of the Run aggregate's state (fold/<runId>).
-_LAYOUT = b"2"
+# 3: the fold's state carries agentRevisionId (EXE-14); a layout-2 store refolds to show it.
+_LAYOUT = b"3"
 # The folds this store wrote last are kept decoded, up to this many history entries in all, so
 # that a run's next event does not decode its whole view again (a heartbeat is the common case).
 _RECENT_HISTORY_ENTRIES = 50_000

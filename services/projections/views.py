@@ -262,6 +262,7 @@ def render_run(fold: RunFold) -> dict[str, Any]:
         "timeoutSeconds": state.timeout_seconds,
         "maxAttempts": state.max_attempts,
         "labels": dict(fold.labels),
+        "agentRevisionId": state.agent_revision_id,
         "parentRunId": state.parent_run_id,
         "deadlineAt": state.deadline_at,
         "stop": facts.stop,

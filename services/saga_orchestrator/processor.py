@@ -13,7 +13,11 @@ processor.py). What is the Trajectory's own:
     after the commit and again when a restore folds it (consumers drop repeats by incidentId);
   * the executor's hook: the changed trajectories are handed to it after the store write;
   * the semantic watchdog's input (WD-1): an ObserveStep for every step outcome it records
-    (StepCommitted, StepFailed), on progress.observations in the same transaction.
+    (StepCommitted, StepFailed), on progress.observations in the same transaction;
+  * provenance (QUA-2): a committed step's output is registered as an artifact of the run's
+    tenant's graph (services/saga_orchestrator/step_artifacts.py), RegisterArtifact on
+    quarantine.commands in the same transaction as StepCommitted: the commit and its envelope
+    are on the log together or not at all, and a quarantine's taint window reaches the step.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from services.common.messages import MessageCodec
 from services.common.routing import observation_record
 from services.common.store import KeyValueStore
 from services.common.topics import INCIDENTS, TRAJECTORIES_EVENTS, TRAJECTORIES_REJECTIONS
+from services.quarantine.routing import quarantine_command_record
 from services.saga_orchestrator.domain import (
     RecoveryPolicy,
     Rejection,
@@ -68,6 +73,7 @@ from services.saga_orchestrator.domain import (
     pending_work,
 )
 from services.saga_orchestrator.state_codec import decode_state, encode_state
+from services.saga_orchestrator.step_artifacts import step_artifact
 
 __all__ = [
     "BatchOutcome",
@@ -242,12 +248,17 @@ class TrajectoryDefinition(
     ) -> Sequence[OutboundRecord]:
         if isinstance(event, IncidentResolved):
             return (codec.outbound(INCIDENTS.name, event.run_id, event),)
+        outputs: list[OutboundRecord] = []
         observed = step_observation(event, state)
         if observed is not None:
             # WD-1: the semantic watchdog sees every step the saga dispatched, in the same
             # transaction as its outcome, on the run's partition of progress.observations.
-            return (observation_record(codec, observed),)
-        return ()
+            outputs.append(observation_record(codec, observed))
+        if isinstance(event, StepCommitted):
+            artifact = step_artifact(event, state, ACTOR)
+            if artifact is not None:
+                outputs.append(quarantine_command_record(codec, artifact))
+        return tuple(outputs)
 
     def published_outputs(
         self, event: TrajectoryEvent, partition: int, offset: int, codec: MessageCodec

@@ -1,5 +1,6 @@
 """The Run lifecycle beyond the happy path, on real processes: cancel of running runs (EXE-7),
-deadlines (EXE-10), preparation errors (EXE-11) and explicit retries (EXE-5)."""
+deadlines (EXE-10), preparation errors (EXE-11), explicit retries (EXE-5) and the agent revision a
+run names (EXE-14)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,9 @@ def client(system: TenureSystem) -> Iterator[httpx.Client]:
         yield c
 
 
-def _submit(client: httpx.Client, *, timeout: int = 600, retry_safe: bool = False) -> dict[str, Any]:
+def _submit(
+    client: httpx.Client, *, timeout: int = 600, retry_safe: bool = False, **extra: Any
+) -> dict[str, Any]:
     response = client.post(
         "/runs",
         headers={"Idempotency-Key": f"lc-{uuid.uuid4()}"},
@@ -41,6 +44,7 @@ def _submit(client: httpx.Client, *, timeout: int = 600, retry_safe: bool = Fals
             "executionSpec": {"agent": "lifecycle"},
             "timeoutSeconds": timeout,
             "retrySafe": retry_safe,
+            **extra,
         },
     )
     assert response.status_code == 201, response.text
@@ -195,3 +199,25 @@ def test_an_interrupted_run_is_retried_in_place_only_with_acknowledgement_EXE_5(
     assert again.json()["status"] == "queued"
     second = claim(client, run["runId"], lease_seconds=30, heartbeat_seconds=5)
     assert second.status_code == 201 and second.json()["epoch"] == 2
+
+
+def test_a_run_names_its_agent_revision_in_its_view_and_its_retry_EXE_14(client: httpx.Client) -> None:
+    run = _submit(client, agentRevisionId="agrev-2026-03")
+    assert run["agentRevisionId"] == "agrev-2026-03"
+    read = client.get(f"/runs/{run['runId']}").json()
+    assert read["agentRevisionId"] == "agrev-2026-03" and read["version"] == 1
+    assert _submit(client)["agentRevisionId"] is None
+    bad = client.post(
+        "/runs",
+        headers={"Idempotency-Key": f"lc-{uuid.uuid4()}"},
+        json={"tenant": "acme", "executionSpec": {}, "timeoutSeconds": 60, "agentRevisionId": "a\nb"},
+    )
+    assert bad.status_code == 422 and problem_type(bad) == "validation-failed"
+    assert client.post(f"/runs/{run['runId']}/cancel", json={}).json()["status"] == "cancelled"
+    retried = client.post(
+        f"/runs/{run['runId']}/retry",
+        json={"acknowledgeRepeatedEffects": True},
+        headers={"Idempotency-Key": "retry-rev"},
+    )
+    assert retried.status_code == 201, retried.text
+    assert retried.json()["agentRevisionId"] == "agrev-2026-03", "the retry runs what its parent ran"

@@ -87,6 +87,8 @@ def test_schedule_api_end_to_end_EXE_14(system: TenureSystem) -> None:
         lambda: (r := alice.get(f"/runs/{manual['runId']}")).status_code == 200 and r.json(), 30, "the run"
     )
     assert run["tenant"] == "acme"
+    # The run names what it runs and which schedule started it.
+    assert run["agentRevisionId"] == "agrev-2026-03" and run["labels"]["schedule"] == sid
     listed = alice.get("/schedules", params={"tenant": "acme"}).json()["items"]
     assert sid in {s["scheduleId"] for s in listed}
     assert alice.get("/schedules/sch_ffffffffffffffff").status_code == 404

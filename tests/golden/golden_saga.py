@@ -82,6 +82,8 @@ _SAGA_VALUES.update(
         "interventionId": "itv_7f3a9c",
         "detectionId": "det_7f3a9c",
         "message": "[SYSTEM ALERT: SEMANTIC_WATCHDOG_INTERRUPT] STATE_OSCILLATION_DETECTED (k=2)",
+        # StartTrajectory v2, TrajectoryStarted v2 (QUA-2): the run's tenant, its graph's name.
+        "tenant": "acme",
     }
 )
 _BY_TYPE: dict[str, Any] = {"string": "value", "long": 2, "double": 0.25, "boolean": True}

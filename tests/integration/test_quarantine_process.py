@@ -8,11 +8,14 @@ One Tenure (coordinator, projector, API, effect gateway, fenced ledger, quaranti
   SUSPECT and so does its output, a peer's read of a tainted artifact is refused; the run's own
   principal may not clear, an operator may, and the artifact is served again;
 * a SIGKILL of the lease coordinator and of the quarantine processor during a quarantine: after
-  restart every stage is done exactly once, never half done.
+  restart every stage is done exactly once, never half done;
+* a trajectory's committed steps are artifacts too (the saga orchestrator and the simulated
+  environment run here): a quarantine from step k taints the outputs of steps >= k only.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -25,6 +28,7 @@ import pytest
 from services.common.contracts import LeaseTakenOver
 from services.common.contracts.quarantine import QuarantineStageCompleted, QuarantineStarted
 from services.common.topics import QUARANTINE_EVENTS, RUNS_EVENTS
+from services.saga_orchestrator.step_artifacts import step_artifact_id
 from tests.support.quarantine import (
     QuarantineSystem,
     claim_run,
@@ -42,7 +46,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 @pytest.fixture(scope="module")
 def system(tenure_topics: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[QuarantineSystem]:
     tmp: Path = tmp_path_factory.mktemp("quarantine")
-    started = QuarantineSystem(tenure_topics, tmp).start()
+    started = QuarantineSystem(tenure_topics, tmp, saga=True).start()
     try:
         yield started
     finally:
@@ -91,7 +95,8 @@ def test_egress_outside_the_allowlist_is_refused_before_dispatch_and_quarantines
     assert view["trigger"]["evidence"]["host"] == "attacker.example" and view["holder"] == "runner-a"
     revoked = view["stages"]["revoked"]
     assert revoked["mechanism"] == "lease-takeover" and revoked["detail"]["epoch"] == 2
-    assert revoked["detail"]["recipientsFenced"] == ["ledger"]
+    # Every tool of this gateway is a recipient: the ledger, and the saga's simulated world.
+    assert revoked["detail"]["recipientsFenced"] == ["env", "ledger"]
     # The next effect: refused at the gateway whatever the epoch ...
     for epoch in (1, 2, 99):
         again = _effect(system, "run-a", {**grant, "epoch": epoch}, f"next-{epoch}")
@@ -301,3 +306,76 @@ def test_a_sigkill_of_the_coordinator_and_the_quarantine_processor_leaves_no_sta
         if isinstance(e, LeaseTakenOver) and e.holder == "tenure-quarantine"
     ]
     assert len(takeovers) == 1 and takeovers[0].epoch == 2  # re-driven, never doubled
+
+
+def _commit_steps(system: QuarantineSystem, run_id: str, grant: dict[str, Any]) -> list[dict[str, Any]]:
+    """Three steps of a trajectory, each proposed once the one before committed."""
+    lease = {"attemptId": grant["attemptId"], "leaseEpoch": grant["epoch"]}
+    steps = [
+        ("vm.provision", {"name": f"web-{run_id[-8:]}"}),
+        ("ip.reserve", {"region": "eu-west"}),
+        ("cache.warm", {"name": f"web-{run_id[-8:]}"}),
+    ]
+    with system.client("run-a") as client:
+        started = client.post(f"/runs/{run_id}/trajectory", json=lease)
+        assert started.status_code == 201, started.text
+        for index, (tool, params) in enumerate(steps):
+            proposed = client.post(
+                f"/runs/{run_id}/trajectory/steps", json={**lease, "tool": tool, "params": params}
+            )
+            assert proposed.status_code in (201, 202), proposed.text
+
+            def committed(i: int = index) -> dict[str, Any] | None:
+                view = client.get(f"/runs/{run_id}/trajectory").json()
+                done = len(view["steps"]) > i and view["steps"][i]["status"] == "committed"
+                return view if done else None
+
+            view = wait_until(committed, 60, f"step {index} of {run_id} committed")
+    return list(view["steps"])
+
+
+def test_saga_step_outputs_are_artifacts_a_quarantine_from_step_k_taints_steps_k_on_QUA_2(
+    system: QuarantineSystem,
+) -> None:
+    run_id = submit_run(system, "saga-steps-1")
+    grant = claim_run(system, run_id, "run-a")
+    steps = _commit_steps(system, run_id, grant)
+    ids = [step_artifact_id(run_id, i, grant["attemptId"]) for i in range(3)]
+
+    def listed() -> list[dict[str, Any]] | None:
+        with system.client("run-a") as client:
+            items = client.get("/artifacts", params={"tenant": "acme", "runId": run_id}).json()["items"]
+        return items if len(items) == 3 else None
+
+    items = {i["artifactId"]: i for i in wait_until(listed, 30, "the three step outputs listed")}
+    assert set(items) == set(ids)
+    for index, artifact_id in enumerate(ids):
+        envelope = items[artifact_id]["envelope"]
+        assert envelope["source"] == "saga-step" and envelope["step"] == index
+        assert envelope["producerRunId"] == run_id and envelope["attemptId"] == grant["attemptId"]
+        assert envelope["contentHash"].startswith("sha256:") and items[artifact_id]["taint"] == "UNTAINTED"
+    with system.client("run-a") as client:
+        before = client.get(f"/artifacts/{ids[2]}", params={"runId": run_id})
+    assert before.status_code == 200 and before.headers["x-tenure-taint"] == "UNTAINTED", before.text
+    assert json.loads(before.content) == steps[2]["output"]
+
+    with system.client("op-key") as client:  # t_taint: the second step (index 1) on
+        started = client.post(
+            f"/runs/{run_id}/quarantine",
+            json={"reason": "poisoned tool output", "evidence": None, "taintFrom": {"step": 1}},
+        )
+    assert started.status_code == 202, started.text
+    view = wait_for_stage(system, run_id, "taintPropagated")
+    assert {a["artifactId"] for a in view["taintedArtifacts"]} == set(ids[1:])
+    with system.client("op-key") as client:
+        taints = [client.get(f"/artifacts/{i}/envelope").json()["taint"] for i in ids]
+    assert taints == ["UNTAINTED", "TAINTED", "TAINTED"]
+    with system.client("op-key") as client:  # the mediated read: refused, and served
+        refused = [client.get(f"/artifacts/{i}") for i in ids[1:]]
+        served = client.get(f"/artifacts/{ids[0]}")
+    for answer in refused:
+        assert answer.status_code == 409 and problem_type(answer) == "artifact-quarantined", answer.text
+        assert answer.json()["code"] == "ARTIFACT_QUARANTINED"
+    assert served.status_code == 200 and served.headers["x-tenure-taint"] == "UNTAINTED", served.text
+    assert json.loads(served.content) == steps[0]["output"]
+    assert served.headers["x-tenure-content-hash"] == items[ids[0]]["envelope"]["contentHash"]

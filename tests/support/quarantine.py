@@ -2,8 +2,9 @@
 
 `QuarantineSystem` is TenureSystem (coordinator, projector, API, effect gateway, fenced ledger)
 plus `python -m services.quarantine`, with API keys for every role, the quarantine executor
-pointed at this gateway and the ledger as the recipient it fences. Helpers claim, upload under a
-grant and read through the mediation gateway the way a runner does.
+pointed at this gateway and the ledger as the recipient it fences; with `saga=True` also the
+simulated environment and the saga orchestrator (its steps' outputs are artifacts too). Helpers
+claim, upload under a grant and read through the mediation gateway the way a runner does.
 """
 
 from __future__ import annotations
@@ -29,8 +30,11 @@ API_KEYS = ",".join(f"{k}={v}" for k, v in KEYS.items())
 
 
 class QuarantineSystem(TenureSystem):
-    def __init__(self, bootstrap: str, tmp: Path, **env: str) -> None:
+    def __init__(self, bootstrap: str, tmp: Path, *, saga: bool = False, **env: str) -> None:
         self.quarantine_port = free_port()
+        self.sim_port = free_port()
+        self.sim_url = f"http://127.0.0.1:{self.sim_port}"
+        self.with_saga = saga
         super().__init__(
             bootstrap,
             tmp,
@@ -42,15 +46,28 @@ class QuarantineSystem(TenureSystem):
             **env,
         )
         self.env["TENURE_GATEWAY_URL"] = self.gateway_url
+        if saga:
+            self.env["TENURE_SIM_PORT"] = str(self.sim_port)
+            self.env["TENURE_TOOLS"] += f",env={self.sim_url}"
         self.quarantine = ServiceProcess("quarantine", "services.quarantine", self.env, tmp)
+        self.sim = ServiceProcess("sim-environment", "services.sim_environment", self.env, tmp)
+        self.saga = ServiceProcess("saga-orchestrator", "services.saga_orchestrator", self.env, tmp)
 
     def start(self) -> QuarantineSystem:
         self.quarantine.start()
+        if self.with_saga:
+            self.sim.start()
+            self.saga.start()
         super().start()
         wait_for_http(f"http://127.0.0.1:{self.quarantine_port}/readyz", 60)
+        if self.with_saga:
+            wait_for_http(f"{self.sim_url}/healthz")
         return self
 
     def stop(self) -> None:
+        if self.with_saga:
+            self.saga.stop()
+            self.sim.stop()
         self.quarantine.stop()
         super().stop()
 

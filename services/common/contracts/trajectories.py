@@ -62,6 +62,8 @@ class StartTrajectory(CommandHeader):
     budget_money: float = 10.0
     rerun_cost_ms: int = 0
     rerun_cost_money: float = 0.0
+    # v2 (QUA-2): the run's tenant, whose provenance graph gets each committed step's output.
+    tenant: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -202,6 +204,7 @@ class TrajectoryStarted(EventHeader):
     budget_money: float
     rerun_cost_ms: int
     rerun_cost_money: float
+    tenant: str | None = None  # v2 (QUA-2): None when the starter predates it
 
 
 @dataclass(frozen=True, kw_only=True)

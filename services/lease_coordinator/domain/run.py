@@ -305,6 +305,7 @@ def evolve(state: RunState | None, event: RunEvent) -> RunState:
             handled_commands=(event.causation_id,),
             parent_run_id=event.parent_run_id,
             submitted_by=event.actor,
+            agent_revision_id=event.agent_revision_id,
         )
     if state is None:
         raise ValueError(f"event {event.event_id} refers to run {event.run_id} before it exists")

@@ -199,6 +199,9 @@ class RunState:
     attempts_started: int = 0
     # The principal who submitted the run: the block policy is re-checked for it at claim (EXE-2).
     submitted_by: str = ""
+    # EXE-14: what the run runs (the agent revision a schedule or the submitter named); None when
+    # none was named. States stored before this field existed decode with None.
+    agent_revision_id: str | None = None
 
     def remember(self, command_id: str) -> tuple[str, ...]:
         if command_id in self.handled_commands:

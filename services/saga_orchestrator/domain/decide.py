@@ -119,6 +119,7 @@ def _start(command: StartTrajectory, now_ms: int, context: SagaContext) -> Decis
         budget_money=command.budget_money,
         rerun_cost_ms=command.rerun_cost_ms,
         rerun_cost_money=command.rerun_cost_money,
+        tenant=command.tenant,
     )
     return tuple(emitter.events)
 

@@ -71,6 +71,7 @@ def evolve(state: TrajectoryState | None, event: TrajectoryEvent) -> TrajectoryS
             rerun_cost_money=event.rerun_cost_money,
             plan=event.plan,
             causes=frozenset({event.causation_id}),
+            tenant=event.tenant or "",
         )
     if state is None:
         raise ValueError(f"{type(event).__name__} for trajectory {event.run_id}, which never started")

@@ -129,6 +129,9 @@ class TrajectoryState:
     # the epoch whose lease was revoked for a deadlock unwound before the pivot (0 = not yet);
     # after the pivot the incident records it instead (Incident.revoked_epoch).
     deadlock_revoked_epoch: int = 0
+    # the run's tenant (StartTrajectory v2): its provenance graph gets each committed step's
+    # output as an artifact (QUA-2); "" when the trajectory was started before v2 (none is).
+    tenant: str = ""
 
     def step(self, index: int) -> StepState | None:
         return self.steps[index] if 0 <= index < len(self.steps) else None
