@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 
 from services.breakers.domain import BreakerState, Verdict, evolve, verdict
-from services.common.backoff import Backoff
 from services.common.clock import Clock, SystemClock
 from services.common.contracts import BREAKER_EVENT_TYPES, BreakerEvent
 from services.common.decisions import FollowerHealth
-from services.common.kafka import TopicFollower
-from services.common.messages import MessageCodec, UndecodableRecord
+from services.common.feed import TopicFeed
+from services.common.messages import MessageCodec
 from services.common.topics import BREAKERS_EVENTS
 
 __all__ = ["FORCED_OPEN_RETRY_MS", "BreakerBoard", "BreakerFold"]
@@ -34,7 +32,6 @@ log = logging.getLogger("tenure.breakers.view")
 # What a forced-open breaker tells a caller to wait before it asks again: it has no cooldown, an
 # operator will reset it whenever they do.
 FORCED_OPEN_RETRY_MS = 30_000
-_STALL_S = 5.0
 
 Listener = Callable[[BreakerState], None]
 
@@ -113,70 +110,22 @@ class BreakerBoard(BreakerFold):
         forced_open_retry_ms: int = FORCED_OPEN_RETRY_MS,
     ) -> None:
         super().__init__(clock, forced_open_retry_ms)
-        self._codec = codec or MessageCodec()
-        self._stop = threading.Event()
-        self._current = threading.Event()
-        self._polled_at = time.monotonic()
-        self._failure: str | None = None
-        self._follower = TopicFollower(
-            bootstrap_servers, [BREAKERS_EVENTS.name], "beginning", client_id=client_id
+        self._feed = TopicFeed(
+            bootstrap_servers,
+            BREAKERS_EVENTS.name,
+            BREAKER_EVENT_TYPES,
+            self.apply,
+            what="breaker",
+            client_id=client_id,
+            codec=codec,
         )
-        # Where the log ended when we started: folded past it, the board is current.
-        self._started_at_end = self._follower.end_offsets(BREAKERS_EVENTS.name)
-        self._thread = threading.Thread(target=self._run, name="breaker-board", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        backoff = Backoff(base_s=0.1, cap_s=5.0)
-        while not self._stop.is_set():
-            try:
-                records = self._follower.poll(max_records=2000, timeout_s=0.1)
-                if not self._current.is_set() and self._folded_to_start_end():
-                    self._current.set()
-            except Exception as exc:  # a consume error must not end the view for good
-                if self._failure is None:
-                    log.warning("following %s failed: %s; retrying", BREAKERS_EVENTS.name, exc)
-                self._failure = str(exc)
-                self._stop.wait(backoff.next_delay())
-                continue
-            if self._failure is not None:
-                log.info("following %s again", BREAKERS_EVENTS.name)
-                self._failure = None
-                backoff.reset()
-            self._polled_at = time.monotonic()
-            for record in records:
-                try:
-                    message = self._codec.decode(record.value)
-                except UndecodableRecord:
-                    continue
-                if isinstance(message, BREAKER_EVENT_TYPES):
-                    self.apply(message)
-            if not self._current.is_set() and self._folded_to_start_end():
-                self._current.set()
-        self._follower.close()
-
-    def _folded_to_start_end(self) -> bool:
-        # Called from the polling thread only: position() from another thread blocks (see
-        # services/common/decisions.py).
-        positions = self._follower.positions(BREAKERS_EVENTS.name)
-        return all(positions.get(p, -1) >= end or end <= 0 for p, end in self._started_at_end.items())
 
     def wait_until_current(self, timeout_s: float = 30.0) -> bool:
         """True once everything on the log at start-up is folded (then verdicts are the fleet's)."""
-        return self._current.wait(timeout_s)
+        return self._feed.wait_until_current(timeout_s)
 
     def health(self) -> FollowerHealth:
-        if not self._thread.is_alive():
-            return FollowerHealth(False, "the breaker follower thread has stopped")
-        if self._failure is not None:
-            return FollowerHealth(False, f"consuming {BREAKERS_EVENTS.name} fails: {self._failure}")
-        if not self._current.is_set():
-            return FollowerHealth(False, f"folding {BREAKERS_EVENTS.name} up to where it ended at start-up")
-        stalled = time.monotonic() - self._polled_at
-        if stalled > _STALL_S:
-            return FollowerHealth(False, f"no poll of {BREAKERS_EVENTS.name} completed for {stalled:.1f}s")
-        return FollowerHealth(True, f"following {BREAKERS_EVENTS.name}: {len(self.states())} breakers")
+        return self._feed.health(f"{len(self.states())} breakers")
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5.0)
+        self._feed.close()

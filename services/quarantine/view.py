@@ -17,16 +17,14 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from services.common.backoff import Backoff
 from services.common.contracts.quarantine import QUARANTINE_EVENT_TYPES, QuarantineEvent, graph_id
 from services.common.decisions import FollowerHealth
-from services.common.kafka import TopicFollower
-from services.common.messages import MessageCodec, UndecodableRecord
+from services.common.feed import TopicFeed
+from services.common.messages import MessageCodec
 from services.common.topics import QUARANTINE_EVENTS
 from services.quarantine.domain import (
     AnyState,
@@ -48,7 +46,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("tenure.quarantine.view")
-_STALL_S = 5.0
 Listener = Callable[[AnyState], None]
 # The stages by wire name, as the view's "stages" object names them.
 STAGE_FIELDS = {
@@ -147,76 +144,25 @@ class QuarantineBoard(QuarantineFold):
 
     def __init__(self, bootstrap_servers: str, codec: MessageCodec | None = None, *, client_id: str) -> None:
         super().__init__()
-        self._codec = codec or MessageCodec()
-        self._stop = threading.Event()
-        self._current = threading.Event()
-        self._polled_at = time.monotonic()
-        self._failure: str | None = None
-        self._follower = TopicFollower(
-            bootstrap_servers, [QUARANTINE_EVENTS.name], "beginning", client_id=client_id
+        self._feed = TopicFeed(
+            bootstrap_servers,
+            QUARANTINE_EVENTS.name,
+            QUARANTINE_EVENT_TYPES,
+            self.apply,
+            what="quarantine",
+            client_id=client_id,
+            codec=codec,
+            poll_timeout_s=0.05,
         )
-        self._started_at_end = self._end_offsets()
-        self._thread = threading.Thread(target=self._run, name="quarantine-board", daemon=True)
-        self._thread.start()
-
-    def _end_offsets(self) -> dict[int, int]:
-        backoff = Backoff(base_s=0.1, cap_s=2.0)
-        deadline = time.monotonic() + 30.0
-        while True:
-            try:
-                return self._follower.end_offsets(QUARANTINE_EVENTS.name)
-            except Exception:
-                if time.monotonic() >= deadline:
-                    raise
-                time.sleep(backoff.next_delay())
-
-    def _run(self) -> None:
-        backoff = Backoff(base_s=0.1, cap_s=5.0)
-        while not self._stop.is_set():
-            try:
-                records = self._follower.poll(max_records=2000, timeout_s=0.05)
-            except Exception as exc:  # a consume error must not end the view for good
-                if self._failure is None:
-                    log.warning("following %s failed: %s; retrying", QUARANTINE_EVENTS.name, exc)
-                self._failure = str(exc)
-                self._stop.wait(backoff.next_delay())
-                continue
-            self._failure = None
-            backoff.reset()
-            self._polled_at = time.monotonic()
-            for record in records:
-                try:
-                    message = self._codec.decode(record.value)
-                except UndecodableRecord:
-                    continue
-                if isinstance(message, QUARANTINE_EVENT_TYPES):
-                    self.apply(message)
-            if not self._current.is_set() and self._folded_to_start_end():
-                self._current.set()
-        self._follower.close()
-
-    def _folded_to_start_end(self) -> bool:
-        positions = self._follower.positions(QUARANTINE_EVENTS.name)
-        return all(positions.get(p, -1) >= end or end <= 0 for p, end in self._started_at_end.items())
 
     def wait_until_current(self, timeout_s: float = 30.0) -> bool:
-        return self._current.wait(timeout_s)
+        return self._feed.wait_until_current(timeout_s)
 
     def health(self) -> FollowerHealth:
-        if not self._thread.is_alive():
-            return FollowerHealth(False, "the quarantine follower thread has stopped")
-        if self._failure is not None:
-            return FollowerHealth(False, f"consuming {QUARANTINE_EVENTS.name} fails: {self._failure}")
-        if not self._current.is_set():
-            return FollowerHealth(False, f"folding {QUARANTINE_EVENTS.name} up to where it ended at start-up")
-        stalled = time.monotonic() - self._polled_at
-        if stalled > _STALL_S:
-            return FollowerHealth(False, f"no poll of {QUARANTINE_EVENTS.name} completed for {stalled:.1f}s")
-        return FollowerHealth(True, f"following {QUARANTINE_EVENTS.name}")
+        return self._feed.health()
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5.0)
+        self._feed.close()
 
 
 def render_artifact(artifact: Artifact) -> dict[str, Any]:
