@@ -23,7 +23,6 @@ Rejections become problem+json with the orchestrator's `code` and `detail`.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -31,8 +30,8 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import Field
 
-from services.command_api.auth import Principal
 from services.command_api.context import ApiContext, Outcome, pending_response
+from services.command_api.holder_commands import command_header, current_lease, rejection_response
 from services.command_api.idempotency import PRINCIPAL_FIELD, KeyedRequest
 from services.command_api.models import (
     AVRO_LONG_MAX,
@@ -47,7 +46,7 @@ from services.command_api.models import (
     StepIndexPath,
     Text,
 )
-from services.command_api.problems import TRAJECTORY_REJECTION_PROBLEMS, ApiProblem, problem_response
+from services.command_api.problems import TRAJECTORY_REJECTION_PROBLEMS, ApiProblem
 from services.command_api.watchdog_delivery import WATCHDOG_REFUSALS, pending_for_runner, refusal_intervention
 from services.common.auth import Role, require_role
 from services.common.contracts import (
@@ -59,9 +58,7 @@ from services.common.contracts import (
     ResolveIncident,
     StartTrajectory,
     StepIntentRecorded,
-    TrajectoryRejectionCode,
 )
-from services.common.contracts.ids import run_id_of_attempt
 from services.common.decisions import Rejected
 from services.common.ids import canonical_json
 
@@ -173,30 +170,9 @@ def _repeat(keyed: KeyedRequest, view: dict[str, Any] | None, what: str) -> bool
     return True
 
 
-def _header(
-    ctx: ApiContext, request: Request, who: Principal, run_id: str, command_id: str
-) -> dict[str, Any]:
-    return {
-        "command_id": command_id,
-        "run_id": run_id,
-        "issued_at": ctx.deps.clock.now_ms(),
-        "correlation_id": request.headers.get("x-correlation-id") or run_id,
-        "actor": who.name,
-    }
-
-
-def _rejection(rejected: Rejected, path: str, **extensions: Any) -> JSONResponse:
-    r = rejected.rejection
-    return problem_response(
-        TRAJECTORY_REJECTION_PROBLEMS.get(r.code, "trajectory-conflict"),
-        r.detail,
-        path,
-        code=r.code,
-        runId=r.run_id,
-        currentStatus=r.current_status,
-        commandId=r.causation_id,
-        **extensions,
-    )
+def _refused(rejected: Rejected, path: str, **extensions: Any) -> JSONResponse:
+    problems = TRAJECTORY_REJECTION_PROBLEMS
+    return rejection_response(rejected, path, problems, "trajectory-conflict", **extensions)
 
 
 def _pending(pending: PendingCommand) -> JSONResponse:
@@ -263,49 +239,6 @@ def _step_accepted(body: dict[str, Any], run_id: str) -> JSONResponse:
     return JSONResponse(body, status_code=202, headers={"Location": f"/runs/{run_id}/trajectory"})
 
 
-async def _current_lease(
-    ctx: ApiContext, run_id: str, attempt_id: str, epoch: int, who: Principal | None
-) -> dict[str, Any]:
-    """The run's lease when (attempt, epoch) is it, still active, held by `who`; else a problem.
-
-    A grant is answered before the projection shows it, so a lease newer than the view is
-    waited for (within the request's deadline) rather than refused."""
-    if run_id_of_attempt(attempt_id) != run_id or not attempt_id.endswith(f"_{epoch}"):
-        raise ApiProblem(
-            "unknown-attempt",
-            f"{attempt_id!r} at epoch {epoch} was never issued for run {run_id}",
-            runId=run_id,
-        )
-    while True:
-        view = await ctx.view(run_id)
-        if view is None:
-            raise ApiProblem("run-not-found", f"run {run_id} does not exist", runId=run_id)
-        lease = view.get("lease") or {}
-        if int(lease.get("epoch", 0)) >= epoch or ctx.remaining() <= 0.02:
-            break
-        await asyncio.sleep(0.02)
-    current = int(lease.get("epoch", 0))
-    if current < epoch:
-        raise ApiProblem("unknown-attempt", f"epoch {epoch} was never issued for run {run_id}", runId=run_id)
-    if current > epoch or lease.get("attemptId") != attempt_id:
-        raise ApiProblem(
-            "stale-epoch",
-            f"attempt {attempt_id} at epoch {epoch} no longer holds run {run_id}: lease "
-            f"{lease.get('leaseId')} at epoch {current} does",
-            runId=run_id,
-            code=TrajectoryRejectionCode.STALE_EPOCH,
-        )
-    certainty = lease.get("certainty")
-    if certainty not in ("active", "at_risk"):
-        slug = {"expired": "lease-expired", "released": "lease-released"}.get(str(certainty), "lease-revoked")
-        raise ApiProblem(slug, f"lease {lease.get('leaseId')} is {certainty}", runId=run_id)
-    if who is not None and lease.get("holderPrincipal") not in (None, who.name):
-        raise ApiProblem(
-            "not-lease-holder", f"{who.name} does not hold lease {lease.get('leaseId')}", runId=run_id
-        )
-    return dict(lease)
-
-
 # --- routes -------------------------------------------------------------------------------------
 
 
@@ -316,7 +249,7 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
     async def decide(command: Any, path: str, *, status: int = 200) -> Any:
         outcome = await ctx.publish_trajectory_and_wait(command)
         if isinstance(outcome, Rejected):
-            return _rejection(outcome, path)
+            return _refused(outcome, path)
         if isinstance(outcome, PendingCommand):
             return _pending(outcome)
         assert isinstance(outcome, Outcome)
@@ -336,7 +269,7 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
         idempotency_key: str | None = Header(default=None, alias="Idempotency-Key", max_length=200),
     ) -> Any:
         who = ctx.principal(request)
-        await _current_lease(ctx, run_id, body.attemptId, body.leaseEpoch, who)
+        await current_lease(ctx, run_id, body.attemptId, body.leaseEpoch, who)
         budget = body.budget or BudgetBody()
         rerun = body.rerunCost or RerunCostBody()
         fields = body.model_dump(mode="json") | {
@@ -357,7 +290,7 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
         command_id = keyed.command_id
         run = await ctx.view(run_id)  # _current_lease found it: the tenant names its graph (QUA-2)
         command = StartTrajectory(
-            **_header(ctx, request, who, run_id, command_id),
+            **command_header(ctx, request, who, run_id, command_id),
             attempt_id=body.attemptId,
             lease_epoch=body.leaseEpoch,
             plan=canonical_json([step.model_dump() for step in body.plan]) if body.plan else "",
@@ -421,7 +354,7 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
         decision arrived in time: repeat the request with the same Idempotency-Key.
         """
         who = ctx.principal(request)
-        await _current_lease(ctx, run_id, body.attemptId, body.leaseEpoch, who)
+        await current_lease(ctx, run_id, body.attemptId, body.leaseEpoch, who)
         fields = body.model_dump(mode="json")
         keyed = KeyedRequest.of(run_id, "ProposeStep", idempotency_key, who.name, fields)
         command_id = keyed.command_id
@@ -438,7 +371,7 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
                 PendingCommand(runId=run_id, commandId=command_id, detail="decided; poll the trajectory")
             )
         command = ProposeStep(
-            **_header(ctx, request, who, run_id, command_id),
+            **command_header(ctx, request, who, run_id, command_id),
             attempt_id=body.attemptId,
             lease_epoch=body.leaseEpoch,
             tool=body.tool,
@@ -452,9 +385,9 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
         if isinstance(outcome, Rejected) and outcome.rejection.code in WATCHDOG_REFUSALS:
             # WD-5: the refusal carries the intervention, so the runner sees why before acting.
             watchdog = await refusal_intervention(ctx, outcome)
-            return _rejection(outcome, request.url.path, watchdog=watchdog)
+            return _refused(outcome, request.url.path, watchdog=watchdog)
         if isinstance(outcome, Rejected):
-            return _rejection(outcome, request.url.path)
+            return _refused(outcome, request.url.path)
         if isinstance(outcome, PendingCommand):
             return _pending(outcome)
         event = outcome.decided.event
@@ -502,7 +435,7 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
         if _repeat(keyed, existing, f"an approval of run {run_id}"):
             return existing
         command = ApprovePivot(
-            **_header(ctx, request, who, run_id, command_id),
+            **command_header(ctx, request, who, run_id, command_id),
             step_index=index,
             decision=body.decision,
             note=body.note,
@@ -519,7 +452,7 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
     ) -> Any:
         """A command only the run's lease holder may send: checked, deduplicated, decided."""
         who = ctx.principal(request)
-        await _current_lease(ctx, run_id, lease.attemptId, lease.leaseEpoch, who)
+        await current_lease(ctx, run_id, lease.attemptId, lease.leaseEpoch, who)
         keyed = KeyedRequest.of(
             run_id, kind.__name__, idempotency_key, who.name, lease.model_dump(mode="json")
         )
@@ -530,7 +463,7 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
         if kind is AdoptLease and isinstance(existing, dict) and existing.get("epoch") == lease.leaseEpoch:
             return existing  # already the trajectory's lease: nothing to decide
         command = kind(
-            **_header(ctx, request, who, run_id, command_id),
+            **command_header(ctx, request, who, run_id, command_id),
             attempt_id=lease.attemptId,
             lease_epoch=lease.leaseEpoch,
             **fields,
@@ -601,7 +534,7 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
                     "resume needs the attemptId and leaseEpoch of a lease taken over after the freeze",
                     runId=run_id,
                 )
-            await _current_lease(ctx, run_id, body.attemptId, body.leaseEpoch, None)
+            await current_lease(ctx, run_id, body.attemptId, body.leaseEpoch, None)
         fields = {"incidentId": incident_id, **body.model_dump(mode="json")}
         keyed = KeyedRequest.of(run_id, "ResolveIncident", idempotency_key, who.name, fields)
         command_id = keyed.command_id
@@ -613,7 +546,7 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
             keyed.check(first["commandId"], _resolution_fields(existing, first), f"incident {incident_id}")
             return existing
         command = ResolveIncident(
-            **_header(ctx, request, who, run_id, command_id),
+            **command_header(ctx, request, who, run_id, command_id),
             incident_id=incident_id,
             resolution=body.resolution,
             note=body.note,

@@ -25,13 +25,13 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import Field, StrictFloat, StrictInt, model_validator
 
-from services.command_api.auth import Principal
 from services.command_api.context import ApiContext, Outcome, pending_response
+from services.command_api.holder_commands import command_header, current_lease, rejection_response
 from services.command_api.idempotency import PRINCIPAL_FIELD, KeyedRequest
 from services.command_api.models import AVRO_LONG_MAX, ApiBody, Identifier, NonNegativeLong, Text
-from services.command_api.problems import WATCHDOG_REJECTION_PROBLEMS, ApiProblem, problem_response
+from services.command_api.problems import WATCHDOG_REJECTION_PROBLEMS, ApiProblem
 from services.command_api.routes_runs import may_act_on_run
-from services.command_api.routes_trajectories import LeaseFields, _current_lease
+from services.command_api.routes_trajectories import LeaseFields
 from services.command_api.watchdog_delivery import pending_for_runner, watchdog_after, watchdog_view
 from services.common.contracts import (
     MAX_METRICS,
@@ -155,31 +155,6 @@ class WatchdogThresholdsBody(ApiBody):
 # --- helpers ------------------------------------------------------------------------------------
 
 
-def _header(
-    ctx: ApiContext, request: Request, who: Principal, run_id: str, command_id: str
-) -> dict[str, Any]:
-    return {
-        "command_id": command_id,
-        "run_id": run_id,
-        "issued_at": ctx.deps.clock.now_ms(),
-        "correlation_id": request.headers.get("x-correlation-id") or run_id,
-        "actor": who.name,
-    }
-
-
-def _rejection(rejected: Rejected, path: str) -> JSONResponse:
-    r = rejected.rejection
-    return problem_response(
-        WATCHDOG_REJECTION_PROBLEMS.get(r.code, "command-rejected"),
-        r.detail,
-        path,
-        code=r.code,
-        runId=r.run_id,
-        currentStatus=r.current_status,
-        commandId=r.causation_id,
-    )
-
-
 def _location(run_id: str) -> dict[str, str]:
     return {"Location": f"/runs/{run_id}/watchdog"}
 
@@ -209,7 +184,7 @@ def watchdog_router(ctx: ApiContext) -> APIRouter:
     async def decided(command: Any, path: str) -> Any:
         outcome = await ctx.publish_watchdog_and_wait(command)
         if isinstance(outcome, Rejected):
-            return _rejection(outcome, path)
+            return rejection_response(outcome, path, WATCHDOG_REJECTION_PROBLEMS, "command-rejected")
         if not isinstance(outcome, Outcome):
             response = pending_response(outcome)
             response.headers.update(_location(command.run_id))
@@ -232,7 +207,7 @@ def watchdog_router(ctx: ApiContext) -> APIRouter:
         Send it after the step, with the canonical state's hash (runner_sdk.canonical) and the
         verifier metrics; a repeated `stepSeq` is dropped by the watchdog."""
         who = ctx.principal(request)
-        await _current_lease(ctx, run_id, body.attemptId, body.leaseEpoch, who)
+        await current_lease(ctx, run_id, body.attemptId, body.leaseEpoch, who)
         digest = body.action()
         fields = body.model_dump(mode="json") | {"actionHash": digest}
         keyed = KeyedRequest.of(run_id, "ObserveStep", idempotency_key, who.name, fields)
@@ -243,7 +218,7 @@ def watchdog_router(ctx: ApiContext) -> APIRouter:
             keyed.check(first["commandId"], _observation_fields(dict(first)), what)
         else:
             command = ObserveStep(
-                **_header(ctx, request, who, run_id, keyed.command_id),
+                **command_header(ctx, request, who, run_id, keyed.command_id),
                 source="runner",
                 step_seq=body.stepSeq,
                 tool=body.tool,
@@ -283,7 +258,7 @@ def watchdog_router(ctx: ApiContext) -> APIRouter:
     ) -> Any:
         """200 with the watchdog view once recorded; an acknowledged rollback answers the view."""
         who = ctx.principal(request)
-        await _current_lease(ctx, run_id, body.attemptId, body.leaseEpoch, who)
+        await current_lease(ctx, run_id, body.attemptId, body.leaseEpoch, who)
         existing = await watchdog_view(ctx, run_id)
         if existing is None:
             raise ApiProblem("watchdog-not-found", f"run {run_id} has no watchdog yet", runId=run_id)
@@ -296,7 +271,7 @@ def watchdog_router(ctx: ApiContext) -> APIRouter:
         fields = body.model_dump(mode="json")
         keyed = KeyedRequest.of(run_id, "AcknowledgeRollback", idempotency_key, who.name, fields)
         command = AcknowledgeRollback(
-            **_header(ctx, request, who, run_id, keyed.command_id),
+            **command_header(ctx, request, who, run_id, keyed.command_id),
             intervention_id=body.interventionId,
             checkpoint_step=body.checkpointStep,
             restored_state_hash=body.restoredStateHash,
@@ -328,7 +303,7 @@ def watchdog_router(ctx: ApiContext) -> APIRouter:
             keyed.check(first["commandId"], recorded, f"the watchdog of run {run_id}")
             return JSONResponse(existing, headers=_location(run_id))
         command = ConfigureWatchdog(
-            **_header(ctx, request, who, run_id, keyed.command_id),
+            **command_header(ctx, request, who, run_id, keyed.command_id),
             **{_COMMAND_FIELDS[name]: value for name, value in given.items()},
         )
         return await decided(command, request.url.path)
