@@ -38,7 +38,6 @@ from typing import Any
 from services.breakers.client import BreakerClient
 from services.breakers.view import BreakerBoard
 from services.common.auth import Principal
-from services.common.backoff import Backoff
 from services.common.bulkhead import BulkheadFull, Bulkheads
 from services.common.clock import SystemClock
 from services.common.contracts import (
@@ -49,9 +48,10 @@ from services.common.contracts import (
     RecordEffectOutcome,
 )
 from services.common.decisions import DecisionListener, Rejected, publish_and_await
+from services.common.feed import TopicFeed
 from services.common.ids import derived_id
-from services.common.kafka import CommandPublisher, TopicFollower
-from services.common.messages import MessageCodec, UndecodableRecord
+from services.common.kafka import CommandPublisher
+from services.common.messages import MessageCodec
 from services.common.routing import command_record
 from services.common.settings import TenureSettings
 from services.common.topics import BREAKERS_EVENTS, BREAKERS_REJECTIONS, RUNS_EVENTS, WATCHDOG_EVENTS
@@ -91,8 +91,6 @@ ACTOR = "tenure-effect-gateway"
 # yet: a runner may call the gateway the moment its claim is answered, before this follower has
 # read the AttemptClaimed. Short, because it only covers the follower's lag.
 CATCH_UP_WAIT_S = 2.0
-# How long start-up keeps asking for the end of runs.events before the process gives up.
-_START_RETRY_S = 30.0
 # What the follower folds: the leases (fencing) and the watchdog's interventions (tombstones).
 FOLLOWED = (RUNS_EVENTS.name, WATCHDOG_EVENTS.name)
 # The coordinator's refusals of an intent that the gateway passes on as they are (409).
@@ -165,13 +163,6 @@ class Gateway:
         self._views: dict[str, FencingView] = {}
         self._tombstones: dict[str, frozenset[str]] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._caught_up = threading.Event()
-        self._follower = TopicFollower(bootstrap_servers, list(FOLLOWED), "beginning", "tenure-gateway")
-        self._targets = {
-            (topic, p): end for topic in FOLLOWED for p, end in self._end_offsets(topic).items() if end > 0
-        }
-        self._follow_failure: str | None = None
         self._publisher = CommandPublisher(bootstrap_servers, client_id="tenure-effect-gateway")
         self._decisions = DecisionListener(bootstrap_servers, self._codec)
         # The breakers (BRK-2): their state folded here from breakers.events, and a client that
@@ -206,64 +197,26 @@ class Gateway:
             parse_tool_egress(settings.tool_egress),
             publish_timeout_s=decision_timeout_s,
         )
-        self._thread = threading.Thread(target=self._follow, name="gateway-follower", daemon=True)
-        self._thread.start()
-
-    def _end_offsets(self, topic: str) -> dict[int, int]:
-        """Where `topic` ends now. Right after the topics are created (or while a leader
-        moves) the broker may not answer yet: retry with backoff for a while before giving up."""
-        backoff = Backoff(base_s=0.1, cap_s=2.0)
-        deadline = time.monotonic() + _START_RETRY_S
-        while True:
-            try:
-                return self._follower.end_offsets(topic)
-            except Exception as exc:
-                if time.monotonic() >= deadline:
-                    raise
-                if backoff.attempt == 0:
-                    log.warning("cannot read the end of %s yet (%s); retrying", topic, exc)
-                time.sleep(backoff.next_delay())
+        # The fencing fold (runs.events) and the watchdog's tombstones, from the beginning.
+        self._feed = TopicFeed(
+            bootstrap_servers,
+            FOLLOWED,
+            (*EVENT_TYPES, InterventionIssued),
+            self._fold,
+            what="gateway",
+            client_id="tenure-gateway",
+            codec=self._codec,
+        )
 
     # --- following the log --------------------------------------------------------------------
 
-    def _follow(self) -> None:
-        backoff = Backoff(base_s=0.1, cap_s=10.0)
-        while not self._stop.is_set():
-            try:
-                self._fold_batch()
-            except Exception as exc:
-                # A consume error: the fold stays as it is (every effect is still fenced by the
-                # coordinator), /readyz says so, and the follower tries again with backoff; one
-                # log line per change of state, not one per try.
-                if self._follow_failure is None:
-                    log.warning("following %s failed: %s; retrying with backoff", RUNS_EVENTS.name, exc)
-                self._follow_failure = f"{type(exc).__name__}: {exc}"
-                self._stop.wait(backoff.next_delay())
-                continue
-            if self._follow_failure is not None:
-                log.info("following %s again", RUNS_EVENTS.name)
-                self._follow_failure = None
-            backoff.reset()
-        self._follower.close()
-
-    def _fold_batch(self) -> None:
-        for record in self._follower.poll(max_records=2000, timeout_s=0.1):
-            try:
-                event = self._codec.decode(record.value)
-            except UndecodableRecord:
-                continue
-            if isinstance(event, EVENT_TYPES):
-                with self._lock:
-                    self._views[event.run_id] = fold_fencing(self._views.get(event.run_id), event)
-                self._quarantine.fold_run(event)
-            elif isinstance(event, InterventionIssued):
-                self.tombstone(event)
-        if not self._caught_up.is_set():
-            positions = {
-                (topic, p): at for topic in FOLLOWED for p, at in self._follower.positions(topic).items()
-            }
-            if all(positions.get(k, -1) >= end for k, end in self._targets.items()):
-                self._caught_up.set()
+    def _fold(self, event: Any) -> None:
+        if isinstance(event, InterventionIssued):
+            self.tombstone(event)
+            return
+        with self._lock:
+            self._views[event.run_id] = fold_fencing(self._views.get(event.run_id), event)
+        self._quarantine.fold_run(event)
 
     def tombstone(self, event: InterventionIssued) -> None:
         """Fold one of the watchdog's interventions (WD-5): level 2 and 3 tombstone an action."""
@@ -279,13 +232,13 @@ class Gateway:
     def ready(self) -> bool:
         """Caught up with runs.events and watchdog.events: the fold may be trusted to refuse a
         stale epoch and a tombstoned action."""
-        return self._caught_up.is_set()
+        return self._feed.current
 
     def readiness(self) -> dict[str, dict[str, Any]]:
         """What /readyz reports, {check: {"ok", "detail"}}; ready when every check is ok.
 
         Blocks for up to half a second when the broker does not answer (call it off the loop)."""
-        following = self._thread.is_alive() and self._follow_failure is None
+        following = self._feed.running and self._feed.failure is None
         unreachable = self._publisher.reachable()
         decisions = self._decisions.health()
         board = self._board.health()
@@ -293,7 +246,7 @@ class Gateway:
         quarantine = self._quarantine.fold.health()
         return {
             "caughtUp": _check(self.ready, f"{' and '.join(FOLLOWED)} read to their end as of start-up"),
-            "following": _check(following, self._follow_failure or f"following {', '.join(FOLLOWED)}"),
+            "following": _check(following, self._feed.failure or f"following {', '.join(FOLLOWED)}"),
             "kafka": _check(unreachable is None, unreachable or "the publisher reaches a broker"),
             "decisions": _check(decisions.ready, decisions.detail),
             "breakers": _check(board.ready, board.detail),
@@ -600,7 +553,7 @@ class Gateway:
         )
 
     async def close(self) -> None:
-        self._stop.set()
+        self._feed.close()
         self._board.close()
         self._quarantine.fold.close()
         self._breaker_decisions.close()
