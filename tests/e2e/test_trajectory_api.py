@@ -13,7 +13,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,89 +23,17 @@ from services.common.store import MemoryStore, RocksStore
 from services.projections.service import rebuild_trajectories, views_path
 from services.projections.trajectory_store import TrajectoryViewStore
 from services.runner_sdk import Lease, TenureClient, TrajectoryClient
-from tests.support.system import ServiceProcess, service_env, wait_for_http, wait_until
-from tests.support.tenure import free_port, problem_type, submit
+from tests.support.saga_system import OPERATOR_KEY, RUNNER, RUNNER_KEY, SagaSystem
+from tests.support.system import wait_until
+from tests.support.tenure import problem_type, submit
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
-OPERATOR_KEY = "op-key"
-RUNNER_KEY = "runner-key"
-SERVICE_KEY = "saga-key"
-RUNNER = "rita"
-
-
-class TrajectorySystem:
-    """Every process a trajectory needs, with the API keys of an operator and a runner."""
-
-    def __init__(self, bootstrap: str, tmp: Path) -> None:
-        self.tmp = tmp
-        api_port, gateway_port, sim_port = free_port(), free_port(), free_port()
-        self.base = f"http://127.0.0.1:{api_port}"
-        self.gateway_url = f"http://127.0.0.1:{gateway_port}"
-        self.sim_url = f"http://127.0.0.1:{sim_port}"
-        env = service_env(
-            bootstrap,
-            tmp / "state",
-            TENURE_API_PORT=str(api_port),
-            TENURE_GATEWAY_PORT=str(gateway_port),
-            TENURE_SIM_PORT=str(sim_port),
-            TENURE_TOOLS=f"env={self.sim_url}",
-            TENURE_GATEWAY_URL=self.gateway_url,
-            TENURE_DECISION_TIMEOUT_S="10",
-            TENURE_TOOL_TIMEOUT_S="2",
-            # The orchestrator presents SERVICE_KEY to the effect gateway, which authenticates
-            # every effect (LEASE-1): this module is the saga path that runs with keys set.
-            TENURE_API_KEYS=f"{OPERATOR_KEY}=olga:operator,{RUNNER_KEY}={RUNNER}:submitter,"
-            f"{SERVICE_KEY}=tenure-saga:service",
-            TENURE_SERVICE_KEY=SERVICE_KEY,
-        )
-        self.services = [
-            ServiceProcess(name, module, env, tmp)
-            for name, module in (
-                ("lease-coordinator", "services.lease_coordinator"),
-                ("projections", "services.projections"),
-                ("command-api", "services.command_api"),
-                ("sim-environment", "services.sim_environment"),
-                ("effect-gateway", "services.effect_gateway"),
-                ("saga-orchestrator", "services.saga_orchestrator"),
-            )
-        ]
-
-    def start(self) -> TrajectorySystem:
-        coordinator, projector, api, *others = self.services
-        coordinator.start()
-        projector.start()
-        views = self.tmp / "state" / "projections" / "run_views" / "CURRENT"
-        wait_until(views.exists, 30, "the projector's store")
-        api.start()
-        for service in others:
-            service.start()
-        wait_for_http(f"{self.sim_url}/healthz")
-        wait_for_http(f"{self.gateway_url}/readyz", timeout_s=60)
-        wait_for_http(f"{self.base}/healthz", timeout_s=60)
-        return self
-
-    def stop(self) -> None:
-        for service in reversed(self.services):
-            service.stop()
-
-    def client(self, api_key: str) -> httpx.Client:
-        return httpx.Client(base_url=self.base, timeout=30, headers={"Authorization": f"Bearer {api_key}"})
-
-    def audit(self) -> dict[str, Any]:
-        body: dict[str, Any] = httpx.get(f"{self.sim_url}/audit").raise_for_status().json()
-        return body
-
-    def arm(self, operation: str, **fault: Any) -> None:
-        response = httpx.post(
-            f"{self.sim_url}/faults", json={"operation": operation, "kind": "error", **fault}
-        )
-        assert response.status_code == 201, response.text
 
 
 @pytest.fixture(scope="module")
-def system(tenure_topics: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TrajectorySystem]:
-    s = TrajectorySystem(tenure_topics, tmp_path_factory.mktemp("trajectories")).start()
+def system(tenure_topics: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SagaSystem]:
+    s = SagaSystem(tenure_topics, tmp_path_factory.mktemp("trajectories")).start()
     try:
         yield s
     finally:
@@ -114,19 +41,19 @@ def system(tenure_topics: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 @pytest.fixture
-def http(system: TrajectorySystem) -> Iterator[httpx.Client]:
+def http(system: SagaSystem) -> Iterator[httpx.Client]:
     with system.client(RUNNER_KEY) as c:
         yield c
 
 
 @pytest.fixture
-def operator(system: TrajectorySystem) -> Iterator[httpx.Client]:
+def operator(system: SagaSystem) -> Iterator[httpx.Client]:
     with system.client(OPERATOR_KEY) as c:
         yield c
 
 
 @pytest.fixture
-def sdk(system: TrajectorySystem) -> Iterator[tuple[TenureClient, TrajectoryClient]]:
+def sdk(system: SagaSystem) -> Iterator[tuple[TenureClient, TrajectoryClient]]:
     with (
         TenureClient(system.base, system.gateway_url, api_key=RUNNER_KEY) as runs,
         TrajectoryClient(system.base, api_key=RUNNER_KEY) as trajectories,
@@ -147,12 +74,12 @@ def of_run(
     return [e for e in entries if str(e.get(key_field, "")).startswith(run_id + "/")]
 
 
-def effects_of(system: TrajectorySystem, run_id: str) -> list[dict[str, Any]]:
+def effects_of(system: SagaSystem, run_id: str) -> list[dict[str, Any]]:
     return of_run(system.audit()["effects"], run_id, "key")
 
 
 def test_deploy_trajectory_commits_every_step_through_the_pivot_SAGA_1_SAGA_2_SAGA_6(
-    system: TrajectorySystem,
+    system: SagaSystem,
     http: httpx.Client,
     sdk: tuple[TenureClient, TrajectoryClient],
 ) -> None:
@@ -238,7 +165,7 @@ def test_a_repeated_proposal_with_the_same_idempotency_key_is_one_step(
 
 
 def test_bad_requests_are_refused_specifically_and_change_nothing(
-    system: TrajectorySystem,
+    system: SagaSystem,
     http: httpx.Client,
     operator: httpx.Client,
     sdk: tuple[TenureClient, TrajectoryClient],
@@ -355,7 +282,7 @@ def test_human_approval_gates_the_pivot_SAGA_6(
 
 
 def test_a_fatal_compensator_opens_an_incident_an_operator_resolves_REC_7(
-    system: TrajectorySystem,
+    system: SagaSystem,
     http: httpx.Client,
     operator: httpx.Client,
     sdk: tuple[TenureClient, TrajectoryClient],
@@ -409,7 +336,7 @@ def test_a_fatal_compensator_opens_an_incident_an_operator_resolves_REC_7(
 
 
 def test_trajectory_views_rebuilt_from_the_log_equal_the_live_ones_DUR_1(
-    system: TrajectorySystem, tenure_topics: str
+    system: SagaSystem, tenure_topics: str
 ) -> None:
     """Runs last in this module: every trajectory above has settled, so the projector's live
     views (read as a secondary, like the API does) must equal a refold of trajectories.events."""

@@ -23,7 +23,6 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -41,90 +40,18 @@ from services.runner_sdk import (
     TrajectoryRejected,
     WatchdogClient,
 )
-from tests.support.system import ServiceProcess, service_env, wait_for_http, wait_for_ready, wait_until
-from tests.support.tenure import free_port, submit
+from tests.support.saga_system import OPERATOR_KEY, RUNNER_KEY, SagaSystem
+from tests.support.system import wait_until
+from tests.support.tenure import submit
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
-OPERATOR_KEY = "op-key"
-RUNNER_KEY = "runner-key"
-SERVICE_KEY = "saga-key"
-RUNNER = "rita"
 STATES = {"eu": "a" * 64, "us": "b" * 64}  # the environment after reserving in each region
 
 
-class WatchdogSystem:
-    """Every process a watched trajectory needs, with the keys of an operator and a runner."""
-
-    def __init__(self, bootstrap: str, tmp: Path) -> None:
-        self.tmp = tmp
-        api_port, gateway_port, sim_port = free_port(), free_port(), free_port()
-        self.watchdog_health = free_port()
-        self.base = f"http://127.0.0.1:{api_port}"
-        self.gateway_url = f"http://127.0.0.1:{gateway_port}"
-        self.sim_url = f"http://127.0.0.1:{sim_port}"
-        env = service_env(
-            bootstrap,
-            tmp / "state",
-            TENURE_API_PORT=str(api_port),
-            TENURE_GATEWAY_PORT=str(gateway_port),
-            TENURE_SIM_PORT=str(sim_port),
-            TENURE_TOOLS=f"env={self.sim_url}",
-            TENURE_GATEWAY_URL=self.gateway_url,
-            TENURE_DECISION_TIMEOUT_S="10",
-            TENURE_TOOL_TIMEOUT_S="2",
-            TENURE_API_KEYS=f"{OPERATOR_KEY}=olga:operator,{RUNNER_KEY}={RUNNER}:submitter,"
-            f"{SERVICE_KEY}=tenure-saga:service",
-            TENURE_SERVICE_KEY=SERVICE_KEY,
-            # Health ports of our own: other suites may run processors on the defaults.
-            TENURE_COORDINATOR_HEALTH_PORT=str(free_port()),
-            TENURE_PROJECTIONS_HEALTH_PORT=str(free_port()),
-            TENURE_SAGA_HEALTH_PORT=str(free_port()),
-            TENURE_WATCHDOG_HEALTH_PORT=str(self.watchdog_health),
-        )
-        self.services = [
-            ServiceProcess(name, module, env, tmp)
-            for name, module in (
-                ("lease-coordinator", "services.lease_coordinator"),
-                ("projections", "services.projections"),
-                ("command-api", "services.command_api"),
-                ("sim-environment", "services.sim_environment"),
-                ("effect-gateway", "services.effect_gateway"),
-                ("saga-orchestrator", "services.saga_orchestrator"),
-                ("watchdog", "services.watchdog"),
-            )
-        ]
-
-    def start(self) -> WatchdogSystem:
-        coordinator, projector, api, *others = self.services
-        coordinator.start()
-        projector.start()
-        views = self.tmp / "state" / "projections" / "run_views" / "CURRENT"
-        wait_until(views.exists, 30, "the projector's store")
-        api.start()
-        for service in others:
-            service.start()
-        wait_for_http(f"{self.sim_url}/healthz")
-        wait_for_http(f"{self.gateway_url}/readyz", timeout_s=60)
-        wait_for_http(f"{self.base}/healthz", timeout_s=60)
-        wait_for_ready(self.watchdog_health, 60, self.services[-1])
-        return self
-
-    def stop(self) -> None:
-        for service in reversed(self.services):
-            service.stop()
-
-    def client(self, api_key: str) -> httpx.Client:
-        return httpx.Client(base_url=self.base, timeout=30, headers={"Authorization": f"Bearer {api_key}"})
-
-    def audit(self) -> dict[str, Any]:
-        body: dict[str, Any] = httpx.get(f"{self.sim_url}/audit").raise_for_status().json()
-        return body
-
-
 @pytest.fixture(scope="module")
-def system(tenure_topics: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WatchdogSystem]:
-    s = WatchdogSystem(tenure_topics, tmp_path_factory.mktemp("watchdog")).start()
+def system(tenure_topics: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SagaSystem]:
+    s = SagaSystem(tenure_topics, tmp_path_factory.mktemp("watchdog"), watchdog=True).start()
     try:
         yield s
     finally:
@@ -134,7 +61,7 @@ def system(tenure_topics: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
 class LoopingRunner:
     """A runner whose model keeps reserving an IP in one region, then the other, and back."""
 
-    def __init__(self, system: WatchdogSystem, name: str) -> None:
+    def __init__(self, system: SagaSystem, name: str) -> None:
         self.system = system
         self.heard: list[Intervention] = []
         inbox = InterventionInbox(self.heard.append)  # one memory for the three clients
@@ -190,7 +117,7 @@ class LoopingRunner:
 
 
 @pytest.fixture
-def operator(system: WatchdogSystem) -> Iterator[httpx.Client]:
+def operator(system: SagaSystem) -> Iterator[httpx.Client]:
     with system.client(OPERATOR_KEY) as c:
         yield c
 
@@ -200,7 +127,7 @@ def reserve(region: str) -> str:
 
 
 def test_wd_5_a_looping_runner_gets_level_1_then_2_then_3_and_the_saga_unwinds_before_the_pivot(
-    system: WatchdogSystem,
+    system: SagaSystem,
 ) -> None:
     runner = LoopingRunner(system, "wd-pre-pivot")
     try:
@@ -290,7 +217,7 @@ def test_wd_5_a_looping_runner_gets_level_1_then_2_then_3_and_the_saga_unwinds_b
 
 
 def test_wd_5_a_loop_after_the_pivot_freezes_the_trajectory_with_an_incident(
-    system: WatchdogSystem, operator: httpx.Client
+    system: SagaSystem, operator: httpx.Client
 ) -> None:
     runner = LoopingRunner(system, "wd-post-pivot")
     try:
@@ -338,7 +265,7 @@ def test_wd_5_a_loop_after_the_pivot_freezes_the_trajectory_with_an_incident(
         runner.close()
 
 
-def test_wd_5_the_observation_to_intervention_path_is_fast(system: WatchdogSystem) -> None:
+def test_wd_5_the_observation_to_intervention_path_is_fast(system: SagaSystem) -> None:
     """Not a benchmark (bench/watchdog_latency.py is): the runner hears of a loop within seconds."""
     runner = LoopingRunner(system, "wd-latency")
     try:
