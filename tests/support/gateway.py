@@ -181,3 +181,21 @@ class OfflineGateway(Gateway):
 def gateway_app(gateway: OfflineGateway, api_keys: str | dict[str, Principal] = "") -> Any:
     keys = parse_api_keys(api_keys) if isinstance(api_keys, str) else api_keys
     return create_app(lambda: gateway, api_keys=keys, max_body_bytes=64 * 1024)
+
+
+def effect_body(
+    run: Any, key: str = "k-1", payload: dict[str, Any] | None = None, **overrides: Any
+) -> dict[str, Any]:
+    """A POST /effects body for the lease `run` holds now (a tests.unit Run), a credit by default."""
+    lease = run.state.lease
+    assert lease is not None
+    body = {
+        "runId": run.run_id,
+        "attemptId": lease.attempt_id,
+        "epoch": lease.epoch,
+        "idempotencyKey": key,
+        "tool": "ledger",
+        "operation": "credit",
+        "payload": payload if payload is not None else {"account": "a", "amount": 1},
+    }
+    return {**body, **overrides}

@@ -21,7 +21,7 @@ from services.effect_gateway import service as gateway_service
 from services.effect_gateway.fencing import FencingView, authorize_effect, authorize_verify, fold_fencing
 from services.lease_coordinator.domain import attempt_id_for
 from services.projections.views import apply_event
-from tests.support.gateway import OfflineGateway, gateway_app
+from tests.support.gateway import OfflineGateway, effect_body, gateway_app
 
 from .test_lease_domain import Run
 from .test_lease_views import Story
@@ -58,18 +58,7 @@ def http(gateway: OfflineGateway) -> Iterator[TestClient]:
 
 
 def effect(run: Run, key: str = "k-1", **overrides: Any) -> dict[str, Any]:
-    lease = run.state.lease
-    assert lease is not None
-    body = {
-        "runId": run.run_id,
-        "attemptId": lease.attempt_id,
-        "epoch": lease.epoch,
-        "idempotencyKey": key,
-        "tool": "ledger",
-        "operation": "credit",
-        "payload": {"account": "a", "amount": 1},
-    }
-    return {**body, **overrides}
+    return effect_body(run, key, **overrides)
 
 
 def assert_problem(response: Any, status: int, slug: str) -> None:

@@ -21,7 +21,7 @@ from services.common.auth import Principal
 from services.common.contracts import InterventionIssued, RecordEffectIntent
 from services.common.ids import action_hash, run_id_for
 from services.effect_gateway.fencing import effect_action_hashes, fold_tombstones, tombstoned_action
-from tests.support.gateway import OfflineGateway, gateway_app
+from tests.support.gateway import OfflineGateway, effect_body, gateway_app
 
 from .test_lease_domain import Run
 
@@ -80,18 +80,7 @@ def http(gateway: OfflineGateway) -> Iterator[TestClient]:
 
 
 def effect(run: Run, key: str = "k-1", **overrides: Any) -> dict[str, Any]:
-    lease = run.state.lease
-    assert lease is not None
-    body = {
-        "runId": run.run_id,
-        "attemptId": lease.attempt_id,
-        "epoch": lease.epoch,
-        "idempotencyKey": key,
-        "tool": "ledger",
-        "operation": "credit",
-        "payload": PAYLOAD,
-    }
-    return {**body, **overrides}
+    return effect_body(run, key, PAYLOAD, **overrides)
 
 
 def assert_tombstoned(response: Any, gateway: OfflineGateway, hit: str) -> None:
