@@ -66,6 +66,7 @@ from services.common.topics import (
     WATCHDOG_REJECTIONS,
 )
 from services.quarantine.view import QuarantineBoard
+from services.schedules.view import ScheduleBoard
 
 __all__ = [
     "RETRY_AFTER_S",
@@ -128,8 +129,12 @@ class ApiDependencies:
     # Quarantines and provenance graphs (QUA-1, QUA-2; services/command_api/quarantine_deps.py);
     # None: the quarantine and artifact routes answer 503.
     quarantine: Any = None
+    # The schedules as folded from their log (EXE-14); None: the schedule routes answer 503.
+    schedules: ScheduleBoard | None = None
 
     def close(self) -> None:
+        if self.schedules is not None:
+            self.schedules.close()
         if self.quarantine is not None:
             self.quarantine.close()
         if self.breakers is not None:
@@ -211,6 +216,7 @@ def open_dependencies(
         breaker_decisions=breaker_decisions,
         bulkheads=configured_bulkheads(TenureSettings()),
         quarantine=_quarantine_deps(bootstrap_servers, codec),
+        schedules=ScheduleBoard(bootstrap_servers, "tenure-api-schedules"),
     )
 
 

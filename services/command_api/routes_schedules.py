@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import threading
 import uuid
 from typing import Any, Literal
 
@@ -37,7 +36,6 @@ from services.common.contracts.schedules import (
 from services.common.ids import canonical_json, derived_id
 from services.common.messages import MessageCodec
 from services.common.routing import schedule_command_record
-from services.common.settings import TenureSettings
 from services.schedules.domain import CalendarError, ScheduleState, validate_cron, validate_zone
 from services.schedules.view import ScheduleBoard, schedule_view
 
@@ -140,14 +138,10 @@ def _as_request(state: ScheduleState) -> dict[str, Any]:
 def schedules_router(ctx: ApiContext) -> APIRouter:
     router = ctx.guarded()
     codec = MessageCodec()
-    holder: dict[str, ScheduleBoard] = {}
-    lock = threading.Lock()
-
     def board() -> ScheduleBoard:
-        with lock:
-            if "board" not in holder:
-                holder["board"] = ScheduleBoard(TenureSettings().bootstrap_servers(), "tenure-api-schedules")
-            return holder["board"]
+        if ctx.deps.schedules is None:
+            raise ctx.unavailable("the schedules view is not configured in this API")
+        return ctx.deps.schedules
 
     async def current() -> ScheduleBoard:
         """The board once it holds every schedule on the log (else 503: it would answer 404)."""
