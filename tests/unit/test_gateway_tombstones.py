@@ -80,7 +80,7 @@ def http(gateway: OfflineGateway) -> Iterator[TestClient]:
 
 
 def effect(run: Run, key: str = "k-1", **overrides: Any) -> dict[str, Any]:
-    return effect_body(run, key, PAYLOAD, **overrides)
+    return effect_body(run, key, **{"payload": PAYLOAD, **overrides})
 
 
 def assert_tombstoned(response: Any, gateway: OfflineGateway, hit: str) -> None:
