@@ -54,12 +54,12 @@ from services.saga_orchestrator.domain import (
 from services.saga_orchestrator.processor import TrajectoryProcessor
 from services.schedules.processor import ScheduleProcessor
 from services.watchdog.processor import WatchdogProcessor
+from tests.support.lease_run import claim_cmd, renew_cmd, report_cmd
+from tests.support.trajectory_saga import CATALOG, OUTPUTS, PARAMS
 from tests.unit.breakers import support as breaker
 from tests.unit.quarantine import contract_case as quarantine
 from tests.unit.schedules import contract_case as schedule
 from tests.unit.strategies import SPEC_TEXTS, cancel_command, submit_command
-from tests.unit.test_lease_domain import claim_cmd, renew_cmd, report_cmd
-from tests.unit.test_trajectory_decide import CATALOG, OUTPUTS, PARAMS
 
 __all__ = ["CASES", "CODEC", "PARTITIONS", "SEEDS", "T0", "Case", "Load"]
 
@@ -250,7 +250,10 @@ def watchdog_commands(rng: random.Random, load: Load, step: int) -> list[Any]:
         if state is not None and state.pending_rollback and roll < 0.4:
             commands.append(
                 watchdog_command(
-                    AcknowledgeRollback, run_id, f"ack-{tag}", intervention_id=state.pending_rollback,
+                    AcknowledgeRollback,
+                    run_id,
+                    f"ack-{tag}",
+                    intervention_id=state.pending_rollback,
                     checkpoint_step=-1,
                 )
             )

@@ -28,8 +28,8 @@ from services.common.contracts import RecordEffectIntent
 from services.effect_gateway.service import EffectRefused, EffectRequest
 from services.effect_gateway.tools import ToolRegistry
 from tests.support.gateway import OfflineGateway
+from tests.support.lease_run import Run
 from tests.support.system import ServiceProcess, free_port, service_env, wait_for_http
-from tests.unit.test_lease_domain import Run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -22,8 +22,8 @@ from services.effect_gateway.fencing import FencingView, authorize_effect, autho
 from services.lease_coordinator.domain import attempt_id_for
 from services.projections.views import apply_event
 from tests.support.gateway import OfflineGateway, effect_body, gateway_app
+from tests.support.lease_run import Run
 
-from .test_lease_domain import Run
 from .test_lease_views import Story
 
 pytestmark = pytest.mark.timeout(30)

@@ -44,9 +44,8 @@ from services.effect_gateway.protection import answer_outcome, endpoint_of
 from services.effect_gateway.service import EffectRefused, EffectRequest
 from services.effect_gateway.tools import ToolAnswer, ToolRegistry
 from tests.support.gateway import OfflineGateway, RecordingTool, gateway_app
+from tests.support.lease_run import Run
 from tests.unit.breakers.support import force_open, outcome, report, request
-
-from .test_lease_domain import Run
 
 pytestmark = pytest.mark.timeout(60)
 

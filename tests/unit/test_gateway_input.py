@@ -24,8 +24,7 @@ from services.common.routing import command_record
 from services.effect_gateway import app as gateway_app_module
 from services.effect_gateway.app import CATALOG, MAX_EPOCH
 from tests.support.gateway import OfflineGateway, gateway_app
-
-from .test_lease_domain import Run
+from tests.support.lease_run import Run
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -21,9 +21,9 @@ from services.common.contracts.quarantine import IN_FLIGHT_NOTE, QuarantineStart
 from services.effect_gateway.egress import check_egress, effect_hosts, parse_tool_egress, run_allowlist
 from services.effect_gateway.quarantine_guard import egress_trigger_id
 from tests.support.gateway import OfflineGateway, gateway_app
+from tests.support.lease_run import Run
 
 from .test_gateway_tombstones import effect
-from .test_lease_domain import Run
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -22,8 +22,7 @@ from services.common.contracts import InterventionIssued, RecordEffectIntent
 from services.common.ids import action_hash, run_id_for
 from services.effect_gateway.fencing import effect_action_hashes, fold_tombstones, tombstoned_action
 from tests.support.gateway import OfflineGateway, effect_body, gateway_app
-
-from .test_lease_domain import Run
+from tests.support.lease_run import Run
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -12,294 +12,54 @@ EXE-5 (lease loss interrupts; automatic retry only when retry-safe with attempts
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.common.contracts import (
     AttemptClaimed,
     AttemptReported,
-    ClaimRun,
     EffectIntentRecorded,
     EffectOutcomeRecorded,
     LeaseAtRisk,
     LeaseExpired,
     LeaseRenewed,
-    LeaseTakenOver,
-    RecordEffectIntent,
-    RecordEffectOutcome,
-    RenewLease,
-    ReportAttempt,
-    RunCommand,
-    RunEvent,
     RunFailed,
     RunInterrupted,
     RunRequeued,
-    TakeOverLease,
 )
 from services.common.ids import run_id_for
 from services.lease_coordinator.domain import (
     DEFAULT_POLICY,
-    LEASE_TRANSITIONS,
-    Decision,
     LeaseCertainty,
     LeasePolicy,
     Rejection,
     RejectionCode,
-    RunState,
     RunStatus,
     attempt_id_for,
     decide,
     decide_timers,
-    evolve,
     fold,
     next_timer_at,
     run_id_of_attempt,
 )
-from services.lease_coordinator.domain.lifecycle import check_lease_transition
-from services.lease_coordinator.state_codec import decode_state, encode_state
+from tests.support.lease_run import (
+    T0,
+    Run,
+    claim_cmd,
+    command_id_for,
+    events_of,
+    intent_cmd,
+    outcome_cmd,
+    rejection_of,
+    renew_cmd,
+    report_cmd,
+    takeover_cmd,
+)
 
-from .strategies import cancel_command, submit_command
-
-T0 = 1_767_225_600_000
-_ids = itertools.count()
-
-
-def _cid(kind: str) -> str:
-    return f"cmd-{kind}-{next(_ids)}"
-
-
-# --- command builders (shared with test_lease_timers_processor.py and test_lease_views.py) ----
-
-
-def _head(run_id: str, kind: str, command_id: str | None, correlation_id: str, actor: str) -> dict[str, Any]:
-    return {
-        "command_id": command_id or _cid(kind),
-        "run_id": run_id,
-        "issued_at": T0,
-        "correlation_id": correlation_id,
-        "actor": actor,
-    }
-
-
-def claim_cmd(
-    run_id: str,
-    runner: str = "runner-a",
-    *,
-    command_id: str | None = None,
-    holder_kind: str = "runner",
-    lease_seconds: int = 0,
-    heartbeat_seconds: int = 0,
-) -> ClaimRun:
-    return ClaimRun(
-        **_head(run_id, "claim", command_id, f"corr-{run_id}", f"runner:{runner}"),
-        runner_id=runner,
-        holder_kind=holder_kind,
-        capabilities=("checkpoint-v1",),
-        lease_seconds=lease_seconds,
-        heartbeat_seconds=heartbeat_seconds,
-    )
-
-
-def renew_cmd(
-    run_id: str,
-    attempt_id: str,
-    epoch: int,
-    sequence: int,
-    *,
-    command_id: str | None = None,
-    issued_at: int = T0,
-) -> RenewLease:
-    head = {**_head(run_id, "renew", command_id, attempt_id, "runner"), "issued_at": issued_at}
-    return RenewLease(**head, attempt_id=attempt_id, lease_epoch=epoch, sequence=sequence)
-
-
-def report_cmd(
-    run_id: str,
-    attempt_id: str,
-    epoch: int,
-    sequence: int,
-    outcome: str = "succeeded",
-    *,
-    command_id: str | None = None,
-    error_code: str = "",
-) -> ReportAttempt:
-    return ReportAttempt(
-        **_head(run_id, "report", command_id, attempt_id, "runner"),
-        attempt_id=attempt_id,
-        lease_epoch=epoch,
-        sequence=sequence,
-        outcome=outcome,
-        error_code=error_code,
-        detail=f"reported {outcome}",
-        # The API verified an (empty) ResultManifest; without it a success is recorded as failed.
-        manifest_verified=outcome == "succeeded",
-    )
-
-
-def takeover_cmd(
-    run_id: str,
-    reason: str = "runner wedged; operator takes over",
-    new_holder: str = "operator:olga",
-    *,
-    holder_kind: str = "human",
-    lease_seconds: int = 0,
-    command_id: str | None = None,
-) -> TakeOverLease:
-    return TakeOverLease(
-        **_head(run_id, "takeover", command_id, f"corr-{run_id}", "user:olga"),
-        reason=reason,
-        new_holder=new_holder,
-        holder_kind=holder_kind,
-        lease_seconds=lease_seconds,
-    )
-
-
-def intent_cmd(
-    run_id: str, attempt_id: str, epoch: int, effect_id: str, *, command_id: str | None = None
-) -> RecordEffectIntent:
-    return RecordEffectIntent(
-        **_head(run_id, "intent", command_id, attempt_id, "runner"),
-        attempt_id=attempt_id,
-        lease_epoch=epoch,
-        effect_id=effect_id,
-        idempotency_key=f"idem-{effect_id}",
-        tool="payments",
-        operation="refund",
-    )
-
-
-def outcome_cmd(
-    run_id: str,
-    attempt_id: str,
-    epoch: int,
-    effect_id: str,
-    outcome: str = "committed",
-    *,
-    command_id: str | None = None,
-) -> RecordEffectOutcome:
-    return RecordEffectOutcome(
-        **_head(run_id, "outcome", command_id, attempt_id, "runner"),
-        attempt_id=attempt_id,
-        lease_epoch=epoch,
-        effect_id=effect_id,
-        outcome=outcome,
-        detail=f"gateway said {outcome}",
-    )
-
-
-def _events(decision: Decision) -> tuple[RunEvent, ...]:
-    assert not isinstance(decision, Rejection), f"expected events, got {decision}"
-    return decision
-
-
-def _rejection(decision: Decision) -> Rejection:
-    assert isinstance(decision, Rejection), f"expected a rejection, got {decision}"
-    return decision
-
-
-class Run:
-    """One run driven through the pure aggregate on a hand-moved clock, keeping its event log."""
-
-    def __init__(
-        self,
-        *,
-        retry_safe: bool = False,
-        max_attempts: int = 3,
-        now: int = T0,
-        policy: LeasePolicy = DEFAULT_POLICY,
-    ) -> None:
-        self.now = now
-        self.policy = policy
-        submit = submit_command(retry_safe=retry_safe, max_attempts=max_attempts, command_id=_cid("submit"))
-        self.run_id = submit.run_id
-        self.events: list[RunEvent] = []
-        self._state: RunState | None = None
-        self.apply(_events(decide(None, submit, now)))
-
-    @property
-    def state(self) -> RunState:
-        assert self._state is not None
-        return self._state
-
-    def at(self, ms: int) -> Run:
-        assert ms >= self.now, "the coordinator's clock never goes back"
-        self.now = ms
-        return self
-
-    def decide(self, command: RunCommand) -> Decision:
-        return decide(self.state, command, self.now, self.policy)
-
-    def accept(self, command: RunCommand) -> tuple[RunEvent, ...]:
-        events = _events(self.decide(command))
-        self.apply(events)
-        return events
-
-    def refuse(self, command: RunCommand, code: RejectionCode) -> Rejection:
-        before = self.state
-        rejection = _rejection(self.decide(command))
-        assert rejection.code is code, rejection
-        assert self.state == before
-        return rejection
-
-    def tick(self) -> tuple[RunEvent, ...]:
-        events = decide_timers(self.state, self.now, self.policy)
-        self.apply(events)
-        return events
-
-    def apply(self, events: tuple[RunEvent, ...]) -> None:
-        for event in events:
-            self._state = evolve(self._state, event)
-            self.events.append(event)
-
-    # --- the common moves -----------------------------------------------------------------------
-
-    def claim(self, runner: str = "runner-a", **kwargs: Any) -> AttemptClaimed:
-        (event,) = self.accept(claim_cmd(self.run_id, runner, **kwargs))
-        assert isinstance(event, AttemptClaimed)
-        return event
-
-    def renew(self, sequence: int, attempt_id: str | None = None, epoch: int | None = None) -> LeaseRenewed:
-        lease = self.state.lease
-        assert lease is not None
-        (event,) = self.accept(
-            renew_cmd(self.run_id, attempt_id or lease.attempt_id, epoch or lease.epoch, sequence)
-        )
-        assert isinstance(event, LeaseRenewed)
-        return event
-
-    def take_over(self, **kwargs: Any) -> LeaseTakenOver:
-        (event,) = self.accept(takeover_cmd(self.run_id, **kwargs))
-        assert isinstance(event, LeaseTakenOver)
-        return event
-
-    def reach(self, status: RunStatus) -> Run:
-        """Drive the run to `status` the ordinary way: claim, renew, report, or let it expire."""
-        if status is not RunStatus.QUEUED:
-            self.claim()
-        if status in (RunStatus.RUNNING, RunStatus.SUCCEEDED):
-            self.renew(1)
-        if status is RunStatus.INTERRUPTED:
-            self.expire()
-        if status in (RunStatus.SUCCEEDED, RunStatus.FAILED):
-            lease = self.state.lease
-            assert lease is not None
-            self.accept(report_cmd(self.run_id, lease.attempt_id, lease.epoch, 2, status.value))
-        assert self.state.status is status
-        return self
-
-    def expire(self) -> tuple[RunEvent, ...]:
-        """Let the current lease run out and the coordinator's timer see it."""
-        lease = self.state.lease
-        assert lease is not None
-        self.at(max(self.now, lease.expires_at))
-        events = self.tick()
-        assert events and isinstance(events[0], LeaseExpired)
-        return events
-
+from .strategies import cancel_command
 
 # --- claim -------------------------------------------------------------------------------------
 
@@ -484,7 +244,7 @@ def test_claim_of_a_queued_run_with_no_attempts_left_is_attempts_exhausted_exe_5
     # rule itself, e.g. for a future explicit retry that queues an exhausted run.
     run = Run(retry_safe=True, max_attempts=1)
     exhausted = dataclasses.replace(run.state, attempts_used=1)
-    rejection = _rejection(decide(exhausted, claim_cmd(run.run_id), run.now))
+    rejection = rejection_of(decide(exhausted, claim_cmd(run.run_id), run.now))
     assert rejection.code is RejectionCode.ATTEMPTS_EXHAUSTED
 
 
@@ -514,7 +274,7 @@ def test_renewal_expiry_is_on_the_coordinators_clock_not_the_commands_exe_4_leas
     run.at(T0 + 10_000)
     for issued_at in (T0 - 10**9, T0 + 10**9):
         decision = run.decide(renew_cmd(run.run_id, claimed.attempt_id, 1, 1, issued_at=issued_at))
-        (renewed,) = _events(decision)
+        (renewed,) = events_of(decision)
         assert isinstance(renewed, LeaseRenewed)
         assert renewed.expires_at == T0 + 10_000 + 90_000
         assert renewed.occurred_at == T0 + 10_000
@@ -581,7 +341,7 @@ def test_renewal_at_or_after_expires_at_before_the_timer_ran_is_lease_expired_le
     run = Run()
     claimed = run.claim()
     run.at(claimed.expires_at - 1)
-    assert isinstance(_events(run.decide(renew_cmd(run.run_id, claimed.attempt_id, 1, 1)))[0], LeaseRenewed)
+    assert isinstance(events_of(run.decide(renew_cmd(run.run_id, claimed.attempt_id, 1, 1)))[0], LeaseRenewed)
     run.at(claimed.expires_at)
     run.refuse(renew_cmd(run.run_id, claimed.attempt_id, 1, 1), RejectionCode.LEASE_EXPIRED)
     run.at(claimed.expires_at + 60_000)
@@ -650,7 +410,7 @@ def test_a_lease_revoked_by_an_unconfirmed_stop_refuses_its_holder_lease_3_exe_7
     run = Run()
     claimed = run.claim()
     run.renew(1)
-    run.accept(cancel_command(run.run_id, command_id=_cid("cancel")))
+    run.accept(cancel_command(run.run_id, command_id=command_id_for("cancel")))
     assert run.state.status is RunStatus.CANCELLING
     assert run.state.lease is not None and run.state.lease.held, "the holder may still confirm"
     assert run.state.stop is not None
@@ -874,329 +634,3 @@ def test_timers_mark_at_risk_then_expire_on_the_coordinators_clock_lease_4_lease
     # No lease timer is left; only the run's deadline (EXE-10) still has one.
     assert next_timer_at(run.state) == run.state.deadline_at == T0 + 3600 * 1000
     assert decide_timers(run.state, run.state.deadline_at - 1, DEFAULT_POLICY) == ()
-
-
-# --- the lease certainty table -----------------------------------------------------------------
-
-_A, _R, _E, _V, _L = (
-    LeaseCertainty.ACTIVE,
-    LeaseCertainty.AT_RISK,
-    LeaseCertainty.EXPIRED,
-    LeaseCertainty.REVOKED,
-    LeaseCertainty.RELEASED,
-)
-# (source, target) -> the requirement that allows it; read from the spec, not from lifecycle.py.
-SPEC_LEASE_EDGES = {
-    (_A, _R): "LEASE-4/LEASE-5 no renewal for a fraction of the TTL: jeopardy",
-    (_R, _A): "LEASE-5 a confirmed renewal restores certainty",
-    (_A, _E): "LEASE-5/EXE-5 expiry on the coordinator's clock",
-    (_R, _E): "LEASE-5/EXE-5 expiry on the coordinator's clock",
-    (_A, _V): "LEASE-6/LEASE-7 takeover revokes",
-    (_R, _V): "LEASE-6/LEASE-7 takeover revokes",
-    (_A, _L): "EXE-4 a terminal report releases",
-    (_R, _L): "EXE-4 a terminal report releases",
-}
-
-
-@pytest.mark.parametrize(
-    "pair",
-    list(itertools.product(LeaseCertainty, LeaseCertainty)),
-    ids=lambda p: f"{p[0].value}->{p[1].value}",
-)
-def test_lease_certainty_transition_table_every_pair_lease_2(
-    pair: tuple[LeaseCertainty, LeaseCertainty],
-) -> None:
-    source, target = pair
-    assert (target in LEASE_TRANSITIONS[source]) == (pair in SPEC_LEASE_EDGES)
-    if pair in SPEC_LEASE_EDGES or source is target:
-        # Restating the current certainty (e.g. renewing an active lease) is not a transition.
-        assert check_lease_transition(source, target) is target
-    else:
-        with pytest.raises(ValueError, match=f"{source.value} to {target.value}"):
-            check_lease_transition(source, target)
-
-
-def test_ended_leases_never_come_back_and_the_table_is_read_only_lease_6() -> None:
-    for ended in (_E, _V, _L):
-        assert LEASE_TRANSITIONS[ended] == frozenset()
-    assert set(LEASE_TRANSITIONS) == set(LeaseCertainty)
-    with pytest.raises(TypeError):
-        LEASE_TRANSITIONS[_E] = frozenset({_A})  # type: ignore[index]
-
-
-# --- properties: competing runners ------------------------------------------------------------
-
-RUNNERS = ("runner-a", "runner-b", "runner-c")
-ACTIONS = (
-    "claim",
-    "claim",
-    "renew",
-    "renew",
-    "renew",
-    "report",
-    "takeover",
-    "takeover",
-    "intent",
-    "outcome",
-    "tick",
-    "tick",
-    "cancel",
-)
-# Mostly heartbeat-sized steps, sometimes long enough for at-risk or expiry.
-ADVANCES = (0, 0, 1_000, 2_000, 5_000, 10_000, 20_000, 46_000, 100_000)
-_FENCED = ("renew", "report", "intent")
-Step = tuple[str, int, int, int]  # action, runner index, ms the clock moves first, variant
-
-
-class UnfoldableDecision(AssertionError):
-    """`decide` returned an event that `evolve` refuses (the processor would fail the batch)."""
-
-
-@dataclasses.dataclass
-class RunnerView:
-    """What one runner believes it holds; it keeps believing it after losing the lease."""
-
-    attempt_id: str
-    epoch: int
-    sequence: int
-
-
-class CompetingRunners:
-    """Several runners and an operator drive one run; every decision is checked as it is made."""
-
-    def __init__(self, retry_safe: bool, max_attempts: int, lease_seconds: int) -> None:
-        self.run = Run(retry_safe=retry_safe, max_attempts=max_attempts)
-        self.lease_seconds = lease_seconds
-        self.views: dict[str, RunnerView | None] = dict.fromkeys(RUNNERS)
-        self.effects: list[tuple[str, int]] = []
-        self.states: list[RunState] = [self.run.state]
-        self.fenced_accepts: list[tuple[RunnerView, RunState, RunEvent, int]] = []
-        self.stale_answers: list[tuple[RunnerView, RunState, Decision]] = []
-
-    def _guess(self, variant: int) -> RunnerView:
-        # A runner that was never granted anything tries its luck with an epoch it was not given.
-        # It does not forge the holder's attempt id: that is a question of who may speak for a
-        # holder (authentication), not of fencing a holder whose epoch went stale.
-        return RunnerView(f"att_forged_{variant + 1}", variant + 1, 1)
-
-    def _command(self, index: int, action: str, runner: str, variant: int) -> RunCommand:
-        run_id, view = self.run.run_id, self.views[runner] or self._guess(variant)
-        cid = f"sim-{index}-{action}"
-        if action == "claim":
-            return claim_cmd(run_id, runner, command_id=cid, lease_seconds=self.lease_seconds)
-        if action == "renew":
-            sequence = view.sequence if variant == 0 else view.sequence + 1
-            return renew_cmd(run_id, view.attempt_id, view.epoch, sequence, command_id=cid)
-        if action == "report":
-            outcome = ("succeeded", "failed", "cancelled", "preparation_failed")[variant]
-            return report_cmd(run_id, view.attempt_id, view.epoch, view.sequence + 1, outcome, command_id=cid)
-        if action == "takeover":
-            kind = "human" if variant == 0 else "runner"
-            return takeover_cmd(run_id, f"step {index}", runner, holder_kind=kind, command_id=cid)
-        if action == "cancel":
-            return cancel_command(run_id, command_id=cid, reason=f"step {index}")
-        if action == "intent":
-            effect = (
-                self.effects[variant % len(self.effects)][0] if self.effects and variant == 0 else f"e{index}"
-            )
-            return intent_cmd(run_id, view.attempt_id, view.epoch, effect, command_id=cid)
-        effect_id, epoch = self.effects[variant % len(self.effects)] if self.effects else ("e-none", 1)
-        outcome = ("committed", "failed", "unknown", "committed")[variant]
-        return outcome_cmd(run_id, view.attempt_id, epoch, effect_id, outcome, command_id=cid)
-
-    def _apply(self, events: tuple[RunEvent, ...], why: object) -> None:
-        for event in events:
-            try:
-                self.run.apply((event,))
-            except Exception as exc:
-                raise UnfoldableDecision(f"{why} produced {event!r}, which evolve refuses: {exc}") from exc
-
-    def step(self, index: int, step: Step) -> None:
-        action, who, advance, variant = step
-        self.run.at(self.run.now + advance)
-        before = self.run.state
-        if action == "tick":
-            self._apply(decide_timers(before, self.run.now, self.run.policy), "decide_timers")
-            self.states.append(self.run.state)
-            return
-        if action == "cancel" and before.status not in (RunStatus.PREPARING, RunStatus.RUNNING):
-            return  # the operator stops held runs only; a queued run's cancel has nothing to fence
-        # Renewals, reports and effects come mostly from runners that were granted something
-        # (current or stale); a runner that never was only speaks when nobody else can.
-        speakers = [r for r in RUNNERS if self.views[r] is not None] if action in _FENCED else []
-        runner = (speakers or list(RUNNERS))[who % len(speakers or RUNNERS)]
-        view = self.views[runner]
-        command = self._command(index, action, runner, variant)
-        decision = self.run.decide(command)
-        if view is not None and view.epoch < before.epoch and action in _FENCED:
-            self.stale_answers.append((dataclasses.replace(view), before, decision))
-        if isinstance(decision, Rejection):
-            return
-        self._apply(decision, command)
-        self.states.append(self.run.state)
-        for event in decision:
-            if isinstance(event, AttemptClaimed):
-                self.views[runner] = RunnerView(event.attempt_id, event.epoch, 0)
-            elif isinstance(event, LeaseTakenOver):
-                self.views[event.holder] = RunnerView(event.attempt_id, event.epoch, 0)
-            elif isinstance(event, (LeaseRenewed, AttemptReported, EffectIntentRecorded)):
-                assert view is not None, f"{runner} held nothing, yet {type(event).__name__} was accepted"
-                self.fenced_accepts.append((dataclasses.replace(view), before, event, self.run.now))
-                if isinstance(event, EffectIntentRecorded):
-                    self.effects.append((event.effect_id, event.epoch))
-                else:
-                    view.sequence = event.sequence
-
-
-def assert_lease_invariants_lease_3(sim: CompetingRunners) -> None:
-    events = sim.run.events
-    grants = [e.epoch for e in events if isinstance(e, (AttemptClaimed, LeaseTakenOver))]
-    assert grants == list(range(1, len(grants) + 1)), f"epochs granted: {grants}"
-    assert sim.run.state.epoch == len(grants)
-    assert len({e.event_id for e in events}) == len(events), "an event id was produced twice"
-    # Which leases are held, rebuilt from the events alone: never more than one at any moment.
-    held: set[int] = set()
-    for event in events:
-        if isinstance(event, AttemptClaimed):
-            assert not held, f"epoch {event.epoch} was granted while {held} was held"
-            held.add(event.epoch)
-        elif isinstance(event, LeaseTakenOver):
-            assert held == {event.previous_epoch}
-            held = {event.epoch}
-        elif isinstance(event, (LeaseExpired, AttemptReported)):
-            assert held == {event.epoch}
-            held.clear()
-        elif isinstance(event, (RunInterrupted, RunFailed)):
-            held.clear()  # an unconfirmed stop or a failure revokes whatever was still held
-        assert len(held) <= 1
-    lease = sim.run.state.lease
-    assert held == ({lease.epoch} if lease is not None and lease.held else set())
-    # Every accepted renewal, report and effect came from the holder of the newest epoch, in time.
-    for view, before, event, now in sim.fenced_accepts:
-        assert before.lease is not None and before.lease.held
-        assert (view.epoch, view.attempt_id) == (before.epoch, before.lease.attempt_id)
-        assert event.epoch == before.epoch and now < before.lease.expires_at  # type: ignore[union-attr]
-    for view, before, decision in sim.stale_answers:
-        assert isinstance(decision, Rejection) and decision.code is RejectionCode.STALE_EPOCH, (
-            f"a runner at epoch {view.epoch} (run at {before.epoch}) got {decision}"
-        )
-
-
-_STEPS = st.lists(
-    st.tuples(
-        st.sampled_from(ACTIONS),
-        st.integers(min_value=0, max_value=len(RUNNERS) - 1),
-        st.sampled_from(ADVANCES),
-        st.integers(min_value=0, max_value=3),
-    ),
-    min_size=8,
-    max_size=50,
-)
-_SCENARIO = {
-    "retry_safe": st.booleans(),
-    "max_attempts": st.integers(min_value=1, max_value=4),
-    "lease_seconds": st.sampled_from((0, 10, 30)),
-    "steps": _STEPS,
-}
-# a claims and starts, b takes over, a keeps going as if nothing happened, b's lease runs out,
-# c claims the requeued run, a and b both try to finish it.
-_STALE_RUNNERS: list[Step] = [
-    ("claim", 0, 0, 1),
-    ("renew", 0, 1_000, 1),
-    ("intent", 0, 0, 1),
-    ("takeover", 1, 1_000, 1),
-    ("renew", 0, 1_000, 1),
-    ("intent", 0, 0, 1),
-    ("renew", 1, 1_000, 1),
-    ("intent", 1, 0, 0),
-    ("tick", 0, 100_000, 0),
-    ("claim", 2, 1_000, 0),
-    ("report", 0, 0, 0),
-    ("report", 1, 0, 1),
-    ("outcome", 0, 0, 0),
-    ("renew", 2, 5_000, 1),
-    ("report", 2, 0, 0),
-]
-
-
-# A task that finishes before its first heartbeat: claim, then report at once.
-_FAST_FINISH: list[Step] = [("claim", 0, 0, 0), ("report", 0, 1_000, 0)]
-# A cancel the runner never confirms: the grace period ends and its lease is revoked in place.
-_UNCONFIRMED_CANCEL: list[Step] = [
-    ("claim", 0, 0, 0),
-    ("renew", 0, 1_000, 1),
-    ("cancel", 0, 0, 0),
-    ("tick", 0, 46_000, 0),
-    ("renew", 0, 0, 1),
-]
-
-
-def _simulate(
-    retry_safe: bool, max_attempts: int, lease_seconds: int, steps: list[Step], check: bool = False
-) -> CompetingRunners:
-    sim = CompetingRunners(retry_safe, max_attempts, lease_seconds)
-    for index, step in enumerate(steps):
-        sim.step(index, step)
-        if check:
-            assert_lease_invariants_lease_3(sim)
-    return sim
-
-
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(**_SCENARIO)
-@example(retry_safe=True, max_attempts=3, lease_seconds=0, steps=_STALE_RUNNERS)
-@example(retry_safe=True, max_attempts=3, lease_seconds=0, steps=_FAST_FINISH)
-@example(retry_safe=True, max_attempts=3, lease_seconds=0, steps=_UNCONFIRMED_CANCEL)
-def test_competing_runners_never_share_an_epoch_and_stale_holders_are_fenced_lease_3(
-    retry_safe: bool, max_attempts: int, lease_seconds: int, steps: list[Step]
-) -> None:
-    """LEASE-3/EXE-4: over any interleaving of claims, renewals, reports, takeovers, effects and
-    timer ticks by runners that each act on their own (possibly stale) idea of their epoch, no two
-    events grant the same epoch, epochs grow by one, at most one lease is held at any moment,
-    `decide` never yields an event `evolve` refuses, and a stale holder is always refused."""
-    _simulate(retry_safe, max_attempts, lease_seconds, steps, check=True)
-
-
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(**_SCENARIO, cut=st.integers(min_value=0))
-@example(retry_safe=True, max_attempts=3, lease_seconds=0, steps=_STALE_RUNNERS, cut=5)
-@example(retry_safe=True, max_attempts=3, lease_seconds=0, steps=_FAST_FINISH, cut=5)
-def test_lease_replay_equals_incremental_dur_1(
-    retry_safe: bool, max_attempts: int, lease_seconds: int, steps: list[Step], cut: int
-) -> None:
-    """Replay: the fold of all lease events equals the incrementally evolved state, also from a
-    snapshot taken at any point."""
-    sim = _simulate(retry_safe, max_attempts, lease_seconds, steps)
-    events = sim.run.events
-    assert fold(events) == sim.run.state
-    cut %= len(events) + 1
-    assert fold(events[cut:], fold(events[:cut])) == sim.run.state
-
-
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(**_SCENARIO)
-@example(retry_safe=True, max_attempts=3, lease_seconds=0, steps=_STALE_RUNNERS)
-@example(retry_safe=True, max_attempts=3, lease_seconds=0, steps=_FAST_FINISH)
-def test_state_codec_round_trips_every_reachable_lease_state(
-    retry_safe: bool, max_attempts: int, lease_seconds: int, steps: list[Step]
-) -> None:
-    """DUR-1 (the processor's store holds encode_state): every state the lease protocol can reach
-    comes back from its bytes unchanged, leases, certainties and effects included."""
-    sim = _simulate(retry_safe, max_attempts, lease_seconds, steps)
-    for state in sim.states:
-        assert decode_state(encode_state(state)) == state
-
-
-def test_a_success_without_a_verified_manifest_is_recorded_as_failed_exe_1() -> None:
-    """EXE-1: exit code 0 alone never makes a success."""
-    run = Run()
-    claimed = run.claim("runner-a")
-    command = dataclasses.replace(
-        report_cmd(run.run_id, claimed.attempt_id, 1, 1),
-        manifest_verified=False,
-        manifest_problem="artifact a1: missing",
-    )
-    (reported,) = run.accept(command)
-    assert reported.outcome == "failed" and reported.error_code == "MANIFEST_INVALID"
-    assert "a1: missing" in reported.detail
-    assert run.state.status is RunStatus.FAILED

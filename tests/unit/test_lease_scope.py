@@ -25,9 +25,9 @@ from services.lease_coordinator.domain import (
     decide,
     evolve,
 )
+from tests.support.lease_run import T0, claim_cmd, intent_cmd, outcome_cmd, renew_cmd, report_cmd
 
 from .strategies import submit_command
-from .test_lease_domain import T0, claim_cmd, intent_cmd, outcome_cmd, renew_cmd, report_cmd
 
 RUNS = 3
 

@@ -42,9 +42,9 @@ from services.lease_coordinator.domain import (
 )
 from services.lease_coordinator.processor import RunCommandProcessor, state_key, timer_key
 from services.lease_coordinator.state_codec import decode_state
+from tests.support.lease_run import T0, claim_cmd, renew_cmd, report_cmd, takeover_cmd
 
 from .strategies import submit_command
-from .test_lease_domain import T0, claim_cmd, renew_cmd, report_cmd, takeover_cmd
 
 CODEC = MessageCodec()
 PARTITIONS = RUNS_COMMANDS.partitions

@@ -17,22 +17,24 @@ from services.common.contracts import AttemptClaimed, LeaseTakenOver, RunEvent
 from services.effect_gateway.fencing import FencingView, fold_fencing
 from services.lease_coordinator.domain import LeaseCertainty, RunState, evolve
 from services.projections.views import apply_event
-
-from .strategies import cancel_command
-from .test_lease_domain import (
-    _SCENARIO,
-    _STALE_RUNNERS,
-    _UNCONFIRMED_CANCEL,
+from tests.support.lease_run import (
     T0,
     Run,
-    Step,
-    UnfoldableDecision,
-    _simulate,
     intent_cmd,
     outcome_cmd,
     renew_cmd,
     report_cmd,
 )
+from tests.support.lease_simulation import (
+    SCENARIO,
+    STALE_RUNNERS,
+    UNCONFIRMED_CANCEL,
+    Step,
+    UnfoldableDecision,
+    simulate,
+)
+
+from .strategies import cancel_command
 
 LEASE_2_FIELDS = {
     "leaseId",
@@ -284,14 +286,14 @@ def test_attempt_numbers_in_the_view_are_unique_after_a_takeover_and_a_requeue_e
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(**_SCENARIO)
-@example(retry_safe=True, max_attempts=3, lease_seconds=0, steps=_STALE_RUNNERS)
-@example(retry_safe=True, max_attempts=3, lease_seconds=0, steps=_UNCONFIRMED_CANCEL)
+@given(**SCENARIO)
+@example(retry_safe=True, max_attempts=3, lease_seconds=0, steps=STALE_RUNNERS)
+@example(retry_safe=True, max_attempts=3, lease_seconds=0, steps=UNCONFIRMED_CANCEL)
 def test_the_lease_record_agrees_with_the_aggregate_over_competing_runners_lease_2(
     retry_safe: bool, max_attempts: int, lease_seconds: int, steps: list[Step]
 ) -> None:
     try:
-        sim = _simulate(retry_safe, max_attempts, lease_seconds, steps)
+        sim = simulate(retry_safe, max_attempts, lease_seconds, steps)
     except UnfoldableDecision:
         reject()  # never on the log: the processor fails such a batch before committing it
     state: RunState | None = None

@@ -40,9 +40,9 @@ from services.common.topics import (
 from services.lease_coordinator import processor as run_processor
 from services.lease_coordinator.domain import Rejection, RejectionCode, RunStatus, decide
 from services.saga_orchestrator import processor as saga_processor
+from tests.support.lease_run import renew_cmd
 
 from .strategies import cancel_command, command_sequences, submit_command
-from .test_lease_domain import renew_cmd
 from .test_lease_timers_processor import AT_RISK_MS, T0, Coordinator, _claimed, _submitted
 from .test_run_processor import (
     CODEC,

@@ -54,9 +54,9 @@ from services.lease_coordinator.domain import (
     evolve,
     next_timer_at,
 )
+from tests.support.lease_run import T0, claim_cmd, renew_cmd, report_cmd
 
 from .strategies import submit_command
-from .test_lease_domain import T0, claim_cmd, renew_cmd, report_cmd
 
 GRACE_MS = 30_000
 POLICY = LeasePolicy(stop_grace_ms=GRACE_MS)

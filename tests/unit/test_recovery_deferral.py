@@ -43,9 +43,9 @@ from services.saga_orchestrator.domain import (
     retry_after_ms,
 )
 from services.saga_orchestrator.domain.policy import _RETRY_AFTER
+from tests.support.trajectory_saga import CATALOG, Saga, of_type, started
 
 from .test_executor_backoff import RUN, Gateway, executor, step
-from .test_trajectory_decide import CATALOG, Saga, of_type, started
 
 pytestmark = pytest.mark.timeout(30)
 

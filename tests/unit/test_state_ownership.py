@@ -54,9 +54,9 @@ from services.lease_coordinator.domain import (
 )
 from services.lease_coordinator.processor import RunCommandProcessor
 from services.lease_coordinator.state_codec import decode_state
+from tests.support.lease_run import claim_cmd, renew_cmd, report_cmd
 
 from .strategies import submit_command
-from .test_lease_domain import claim_cmd, renew_cmd, report_cmd
 from .test_run_processor import CommandTopic, logged_events
 
 SERVICES = Path(__file__).resolve().parents[2] / "services"

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from services.common.clock import ManualClock
 from services.common.store import RocksStore
+from tests.support.lease_run import T0, renew_cmd, report_cmd
 
-from .test_lease_domain import T0, renew_cmd, report_cmd
 from .test_lease_timers_processor import AT_RISK_MS, LEASE_MS, Coordinator, _claimed, _submitted
 
 RUNS = 4

@@ -57,8 +57,7 @@ from services.saga_orchestrator.domain import (
     pending_work,
 )
 from services.saga_orchestrator.processor import BatchOutcome, TrajectoryProcessor
-
-from .test_trajectory_decide import CATALOG, OUTPUTS, PARAMS
+from tests.support.trajectory_saga import CATALOG, OUTPUTS, PARAMS
 
 CODEC = MessageCodec()
 PARTITIONS = TRAJECTORIES_COMMANDS.partitions

@@ -18,7 +18,7 @@ reports of work taken before the state moved on). After every command:
 
 Earlier versions of the core broke (b) on three input shapes (a partial effect retried in place,
 a late pivot commit while frozen, a gate or approval report during an unwind); the generator
-produces all of them, and test_trajectory_decide.py keeps a deterministic regression for each.
+produces all of them, and test_trajectory_recovery_rules.py keeps a deterministic regression for each.
 """
 
 from __future__ import annotations
@@ -67,8 +67,7 @@ from services.saga_orchestrator.domain import (
     pending_work,
 )
 from services.saga_orchestrator.state_codec import decode_state, encode_state
-
-from .test_trajectory_decide import CATALOG, OUTPUTS, PARAMS, T0
+from tests.support.trajectory_saga import CATALOG, OUTPUTS, PARAMS, T0
 
 S = StepStatus
 T = TrajectoryStatus

@@ -14,7 +14,7 @@ import json
 from services.common.contracts import RecordWatchdogIntervention, TrajectoryFrozen
 from services.saga_orchestrator.domain import RevokeLease, RunCompensator, TrajectoryStatus
 from services.saga_orchestrator.domain.interventions import QUARANTINE_CODE
-from tests.unit.test_trajectory_decide import Saga, of_type
+from tests.support.trajectory_saga import Saga, of_type
 
 
 def _quarantine(saga: Saga) -> tuple[object, ...]:

@@ -39,7 +39,7 @@ from services.saga_orchestrator.domain import (
 )
 from services.saga_orchestrator.processor import TrajectoryProcessor
 from services.saga_orchestrator.state_codec import decode_state, encode_state
-from tests.unit.test_trajectory_decide import CATALOG, DEPLOY, PARAMS, T0, Saga, names
+from tests.support.trajectory_saga import CATALOG, DEPLOY, PARAMS, T0, Saga, names
 from tests.unit.watchdog.test_trajectory_interventions import intervene
 
 T = TrajectoryStatus

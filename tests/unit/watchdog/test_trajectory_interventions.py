@@ -37,7 +37,7 @@ from services.saga_orchestrator.domain import RevokeLease, TrajectoryStatus
 from services.saga_orchestrator.processor import TrajectoryProcessor, step_observation
 from services.saga_orchestrator.state_codec import decode_state, encode_state
 from services.watchdog.processor import WatchdogProcessor
-from tests.unit.test_trajectory_decide import CATALOG, DEPLOY, PARAMS, Saga, names, of_type
+from tests.support.trajectory_saga import CATALOG, DEPLOY, PARAMS, Saga, names, of_type
 from tests.unit.watchdog.support import T0, observe
 
 T = TrajectoryStatus
