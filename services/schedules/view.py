@@ -1,7 +1,7 @@
 """The schedules as readers see them (EXE-14): a fold of schedules.events, and the JSON view.
 
-`ScheduleBoard` follows schedules.events and schedules.rejections from the beginning in a
-thread, folds each schedule with the aggregate's own `evolve` (one fold per aggregate, none
+`ScheduleBoard` follows schedules.events and schedules.rejections from the beginning (a
+`TopicFeed`), folds each schedule with the aggregate's own `evolve` (one fold per aggregate, none
 written here) and remembers recent refusals by the id of the command refused, so the API can
 answer a write with its outcome. `schedule_view` renders a state with its next firings in local
 time and UTC (RFC 3339) and its history of firings.
@@ -16,11 +16,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from services.common.backoff import Backoff
 from services.common.contracts import CommandRejected
 from services.common.contracts.schedules import SCHEDULE_EVENT_TYPES
-from services.common.kafka import TopicFollower
-from services.common.messages import MessageCodec, UndecodableRecord
+from services.common.decisions import FollowerHealth
+from services.common.feed import TopicFeed
 from services.common.topics import SCHEDULES_EVENTS, SCHEDULES_REJECTIONS
 from services.schedules.domain import (
     NonexistentPolicy,
@@ -97,21 +96,33 @@ def _firing(f: Any, zone: str) -> dict[str, Any]:
 
 
 class ScheduleBoard:
+    """The schedules' fold and recent refusals, kept current by a `TopicFeed` (the one follower
+    every board uses: readiness, retries and health are its)."""
+
     def __init__(self, bootstrap: str, client_id: str = "tenure-schedule-board") -> None:
-        self._bootstrap = bootstrap
-        self._client_id = client_id
-        self._codec = MessageCodec()
         self._lock = threading.Condition()
         self._states: dict[str, ScheduleState] = {}
         self._rejections: OrderedDict[str, CommandRejected] = OrderedDict()
-        self._stop = threading.Event()
-        self.failure: str | None = None
-        self._current = threading.Event()  # caught up with the log as it was when following began
-        self._thread = threading.Thread(target=self._run, daemon=True, name=client_id)
-        self._thread.start()
+        self._feed = TopicFeed(
+            bootstrap,
+            (SCHEDULES_EVENTS.name, SCHEDULES_REJECTIONS.name),
+            (*SCHEDULE_EVENT_TYPES, CommandRejected),
+            self._fold,
+            what="schedules",
+            client_id=client_id,
+            poll_timeout_s=0.05,
+        )
 
     def close(self) -> None:
-        self._stop.set()
+        self._feed.close()
+
+    @property
+    def failure(self) -> str | None:
+        """Why the last read of the topics failed; None while reads succeed."""
+        return self._feed.failure
+
+    def health(self) -> FollowerHealth:
+        return self._feed.health(f"{len(self._states)} schedules")
 
     def get(self, schedule_id: str) -> ScheduleState | None:
         with self._lock:
@@ -134,48 +145,13 @@ class ScheduleBoard:
 
     def wait_current(self, timeout_s: float) -> bool:
         """True once the board has folded everything that was on the log when it started."""
-        return self._current.wait(timeout_s)
+        return self._feed.wait_until_current(timeout_s)
 
     def rejection(self, command_id: str) -> CommandRejected | None:
         with self._lock:
             return self._rejections.get(command_id)
 
-    def _run(self) -> None:
-        backoff = Backoff(base_s=0.2, cap_s=10.0)
-        positions: dict[str, dict[int, int]] = {}
-        while not self._stop.is_set():
-            try:
-                topics = (SCHEDULES_EVENTS.name, SCHEDULES_REJECTIONS.name)
-                followers = {
-                    t: TopicFollower(self._bootstrap, [t], positions.get(t, {}), self._client_id)
-                    for t in topics
-                }
-                self.failure = None
-                targets = {t: f.end_offsets(t) for t, f in followers.items()}
-                try:
-                    while not self._stop.is_set():
-                        for topic, follower in followers.items():
-                            for record in follower.poll(max_records=2000, timeout_s=0.05):
-                                positions.setdefault(topic, {})[record.partition] = record.offset + 1
-                                self._fold(record.value)
-                        if not self._current.is_set() and all(
-                            positions.get(t, {}).get(p, 0) >= end or end <= 0
-                            for t, ends in targets.items()
-                            for p, end in ends.items()
-                        ):
-                            self._current.set()
-                finally:
-                    for follower in followers.values():
-                        follower.close()
-            except Exception as exc:  # the broker went away: the board is stale until it is back
-                self.failure = f"{type(exc).__name__}: {exc}"
-                self._stop.wait(backoff.next_delay())
-
-    def _fold(self, value: bytes) -> None:
-        try:
-            message = self._codec.decode(value)
-        except UndecodableRecord:
-            return
+    def _fold(self, message: object) -> None:
         with self._lock:
             if isinstance(message, SCHEDULE_EVENT_TYPES):
                 before = self._states.get(message.run_id)
