@@ -43,8 +43,6 @@ from tests.support.ledger import ledger_store
 
 pytestmark = pytest.mark.timeout(30)
 
-PROBLEM_JSON = "application/problem+json"
-
 
 # --------------------------------------------------------------------------- pure core
 
