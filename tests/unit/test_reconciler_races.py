@@ -16,238 +16,40 @@ a missing confirmation never becomes a false `cancelled`, and where the boundary
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
-
 import pytest
 
 from services.common.contracts import (
     AttemptReported,
-    CancelRun,
     DeadlineReached,
     InputProvided,
     LeaseAtRisk,
-    LeaseExpired,
-    ProvideInput,
-    RequestInput,
-    RetryRun,
     RunCancelled,
-    RunCancelRequested,
-    RunCommand,
-    RunEvent,
     RunFailed,
     RunInterrupted,
     RunRequeued,
 )
 from services.lease_coordinator.domain import (
-    TERMINAL_STATUSES,
-    Decision,
     LeaseCertainty,
-    LeasePolicy,
-    Rejection,
     RejectionCode,
-    RunState,
     RunStatus,
     StopKind,
-    decide,
-    decide_timers,
-    evolve,
     next_timer_at,
 )
-from tests.support.lease_run import T0, claim_cmd, renew_cmd, report_cmd
-
-from .strategies import submit_command
-
-GRACE_MS = 30_000
-POLICY = LeasePolicy(stop_grace_ms=GRACE_MS)
-_MAX_TIMER_ROUNDS = 8
-
-
-# --- a run frozen at one moment, and the two orders ------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Scene:
-    """A run's state and the coordinator's `now`; immutable, so both orders start from it."""
-
-    state: RunState
-    now: int
-    policy: LeasePolicy = POLICY
-
-    def at(self, now: int) -> Scene:
-        assert now >= self.now, "the coordinator's clock never goes back"
-        return dataclasses.replace(self, now=now)
-
-    def decide(self, command: RunCommand) -> Decision:
-        return decide(self.state, command, self.now, self.policy)
-
-    def accept(self, command: RunCommand) -> Scene:
-        decision = self.decide(command)
-        assert not isinstance(decision, Rejection), decision
-        return self.applied(decision)
-
-    def applied(self, events: tuple[RunEvent, ...]) -> Scene:
-        state = self.state
-        for event in events:
-            state = evolve(state, event)
-        return dataclasses.replace(self, state=state)
-
-    def reconcile(self) -> tuple[tuple[RunEvent, ...], Scene]:
-        """`decide_timers` until nothing is due, as the coordinator's timer tick does."""
-        scene: Scene = self
-        emitted: tuple[RunEvent, ...] = ()
-        for _ in range(_MAX_TIMER_ROUNDS):
-            events = decide_timers(scene.state, scene.now, scene.policy)
-            if not events:
-                due = next_timer_at(scene.state)
-                assert due is None or due > scene.now, "a due timer was left undecided"
-                return emitted, scene
-            emitted, scene = (*emitted, *events), scene.applied(events)
-        raise AssertionError(f"the reconciler never settled: {emitted}")
-
-
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-    decision: Decision
-    timer_events: tuple[RunEvent, ...]
-    final: RunState
-
-    @property
-    def refused(self) -> Rejection:
-        assert isinstance(self.decision, Rejection), f"expected a refusal, got {self.decision}"
-        return self.decision
-
-    @property
-    def accepted(self) -> tuple[RunEvent, ...]:
-        assert not isinstance(self.decision, Rejection), f"expected events, got {self.decision}"
-        return self.decision
-
-
-def command_then_timers(scene: Scene, command: RunCommand) -> Outcome:
-    decision = scene.decide(command)
-    after = scene if isinstance(decision, Rejection) else scene.applied(decision)
-    if isinstance(decision, Rejection):
-        assert after.state == scene.state
-    timer_events, final = after.reconcile()
-    return Outcome(decision, timer_events, final.state)
-
-
-def timers_then_command(scene: Scene, command: RunCommand) -> Outcome:
-    timer_events, after = scene.reconcile()
-    decision = after.decide(command)
-    if isinstance(decision, Rejection):
-        return Outcome(decision, timer_events, after.state)
-    return Outcome(decision, timer_events, after.applied(decision).state)
-
-
-def _types(events: tuple[RunEvent, ...]) -> list[str]:
-    return [type(e).__name__ for e in events]
-
-
-# --- building the scenes ----------------------------------------------------------------------
-
-
-def running(
-    *, timeout_seconds: int = 3600, retry_safe: bool = False, lease_seconds: int = 60, max_attempts: int = 3
-) -> Scene:
-    """Submitted and claimed at T0 by runner-a, first heartbeat at T0 + 1 s: running."""
-    submit = submit_command(
-        command_id=f"race-submit-{timeout_seconds}-{retry_safe}-{lease_seconds}",
-        timeout_seconds=timeout_seconds,
-        retry_safe=retry_safe,
-        max_attempts=max_attempts,
-    )
-    decision = decide(None, submit, T0, POLICY)
-    assert not isinstance(decision, Rejection)
-    state = None
-    for event in decision:
-        state = evolve(state, event)
-    assert state is not None
-    scene = Scene(state, T0).accept(
-        claim_cmd(state.run_id, "runner-a", lease_seconds=lease_seconds, command_id="race-claim")
-    )
-    lease = scene.state.lease
-    assert lease is not None
-    scene = scene.at(T0 + 1_000).accept(
-        renew_cmd(state.run_id, lease.attempt_id, lease.epoch, 1, command_id="race-renew-1")
-    )
-    assert scene.state.status is RunStatus.RUNNING
-    return scene
-
-
-def success_report(scene: Scene, *, sequence: int = 2, verified: bool = True) -> RunCommand:
-    lease = scene.state.lease
-    assert lease is not None
-    command = report_cmd(
-        scene.state.run_id, lease.attempt_id, lease.epoch, sequence, "succeeded", command_id="race-report"
-    )
-    return dataclasses.replace(command, manifest_verified=verified)
-
-
-def cancel_confirmation(scene: Scene, *, outcome: str = "cancelled") -> RunCommand:
-    lease = scene.state.lease
-    assert lease is not None
-    return report_cmd(
-        scene.state.run_id, lease.attempt_id, lease.epoch, 2, outcome, command_id=f"race-confirm-{outcome}"
-    )
-
-
-def cancel(scene: Scene, command_id: str = "race-cancel") -> CancelRun:
-    return CancelRun(
-        command_id=command_id,
-        run_id=scene.state.run_id,
-        issued_at=scene.now,
-        correlation_id="corr-cancel",
-        actor="user:alice",
-        reason="not needed any more",
-    )
-
-
-def request_input(scene: Scene, expires_at: int) -> RequestInput:
-    lease = scene.state.lease
-    assert lease is not None
-    return RequestInput(
-        command_id="race-input",
-        run_id=scene.state.run_id,
-        issued_at=scene.now,
-        correlation_id=lease.attempt_id,
-        actor="runner",
-        attempt_id=lease.attempt_id,
-        lease_epoch=lease.epoch,
-        sequence=2,
-        checkpoint_digest="sha256:" + "c" * 64,
-        input_schema='{"type":"string"}',
-        prompt="Which branch should I deploy?",
-        expires_at=expires_at,
-    )
-
-
-def answer(scene: Scene, response_id: str = "resp-1", command_id: str = "race-answer") -> ProvideInput:
-    return ProvideInput(
-        command_id=command_id,
-        run_id=scene.state.run_id,
-        issued_at=scene.now,
-        correlation_id="corr-answer",
-        actor="user:alice",
-        response_id=response_id,
-        answer='"main"',
-    )
-
-
-def waiting_for_input(*, expires_in_ms: int = 10_000, timeout_seconds: int = 3600) -> Scene:
-    scene = running(timeout_seconds=timeout_seconds).at(T0 + 2_000)
-    scene = scene.accept(request_input(scene, expires_at=scene.now + expires_in_ms))
-    assert scene.state.status is RunStatus.WAITING_INPUT
-    return scene
-
-
-def cancelling(*, grace_ms: int = GRACE_MS) -> Scene:
-    """Running with a 60 s lease renewed at T0 + 1 s; the user cancels at T0 + 2 s."""
-    scene = running(lease_seconds=60).at(T0 + 2_000)
-    scene = dataclasses.replace(scene, policy=LeasePolicy(stop_grace_ms=grace_ms)).accept(cancel(scene))
-    assert scene.state.status is RunStatus.CANCELLING and scene.state.stop is not None
-    return scene
-
+from tests.support.lease_run import T0, claim_cmd, report_cmd
+from tests.support.race_scene import (
+    GRACE_MS,
+    answer,
+    at_deadline,
+    cancel,
+    cancel_confirmation,
+    cancelling,
+    command_then_timers,
+    event_types,
+    running,
+    success_report,
+    timers_then_command,
+    waiting_for_input,
+)
 
 # --- lease expiry vs. a success report (EXE-4, EXE-5, LEASE-5) --------------------------------
 
@@ -261,13 +63,13 @@ def test_report_one_ms_before_lease_expiry_stands_in_both_orders_lease_4_exe_4()
     report = success_report(scene)
 
     first = command_then_timers(scene, report)
-    assert _types(first.accepted) == ["AttemptReported"]
+    assert event_types(first.accepted) == ["AttemptReported"]
     assert first.timer_events == (), "the run ended: the reconciler finds nothing to do"
     assert first.final.status is RunStatus.SUCCEEDED
 
     second = timers_then_command(scene, report)
     assert all(isinstance(e, LeaseAtRisk) for e in second.timer_events) and second.timer_events
-    assert _types(second.accepted) == ["AttemptReported"]
+    assert event_types(second.accepted) == ["AttemptReported"]
     assert second.final.status is RunStatus.SUCCEEDED
     for outcome in (first, second):
         assert outcome.final.lease is not None
@@ -295,7 +97,7 @@ def test_report_at_or_after_lease_expiry_is_refused_in_both_orders_same_end_exe_
     assert first.timer_events == second.timer_events, "the refused report changed nothing"
     assert first.final == second.final
     expected = ["LeaseExpired", "RunRequeued"] if retry_safe else ["LeaseExpired"]
-    assert _types(first.timer_events) == expected
+    assert event_types(first.timer_events) == expected
     assert first.final.status is (RunStatus.QUEUED if retry_safe else RunStatus.INTERRUPTED)
 
 
@@ -317,17 +119,10 @@ def test_expired_holders_report_after_the_run_was_claimed_again_is_stale_epoch_l
 # --- deadline vs. a success report (EXE-10, EXE-1) --------------------------------------------
 
 
-def _at_deadline(offset_ms: int = 0) -> Scene:
-    scene = running(timeout_seconds=20, lease_seconds=60)  # deadline T0 + 20 s, lease to T0 + 61 s
-    deadline = scene.state.deadline_at
-    assert deadline == T0 + 20_000
-    return scene.at(deadline + offset_ms)
-
-
 def test_deadline_vs_success_report_command_first_the_verified_success_stands_exe_10() -> None:
-    scene = _at_deadline()
+    scene = at_deadline()
     outcome = command_then_timers(scene, success_report(scene))
-    assert _types(outcome.accepted) == ["AttemptReported"]
+    assert event_types(outcome.accepted) == ["AttemptReported"]
     assert outcome.final.status is RunStatus.SUCCEEDED
     assert outcome.timer_events == (), "the run ended: the deadline has nothing left to stop"
     assert next_timer_at(outcome.final) is None
@@ -336,7 +131,7 @@ def test_deadline_vs_success_report_command_first_the_verified_success_stands_ex
 def test_deadline_vs_success_report_timers_first_the_report_only_confirms_the_stop_exe_10() -> None:
     """The deadline asked the runner to stop; a success arriving now is its confirmation of
     that stop, so the run ends `failed` (EXE-10), never `succeeded`."""
-    scene = _at_deadline()
+    scene = at_deadline()
     outcome = timers_then_command(scene, success_report(scene))
     (reached,) = outcome.timer_events
     assert isinstance(reached, DeadlineReached) and reached.stop_requested
@@ -347,7 +142,7 @@ def test_deadline_vs_success_report_timers_first_the_report_only_confirms_the_st
 
 
 def test_deadline_vs_unverified_success_both_orders_fail_exe_1_exe_10() -> None:
-    scene = _at_deadline()
+    scene = at_deadline()
     report = success_report(scene, verified=False)
     first = command_then_timers(scene, report)
     (reported,) = first.accepted
@@ -358,7 +153,7 @@ def test_deadline_vs_unverified_success_both_orders_fail_exe_1_exe_10() -> None:
 
 
 def test_deadline_stop_never_confirmed_interrupts_then_the_late_report_is_revoked_exe_10() -> None:
-    scene = _at_deadline()
+    scene = at_deadline()
     _, stopping = scene.reconcile()
     assert stopping.state.status is RunStatus.CANCELLING
     stop = stopping.state.stop
@@ -375,7 +170,7 @@ def test_deadline_stop_never_confirmed_interrupts_then_the_late_report_is_revoke
     assert next_timer_at(outcome.final) is None
 
     first = command_then_timers(stopping.at(stop.grace_until), report_at_grace_end)
-    assert _types(first.accepted) == ["AttemptReported"]
+    assert event_types(first.accepted) == ["AttemptReported"]
     assert first.final.status is RunStatus.FAILED, "confirmed in time: failed, DEADLINE_EXCEEDED"
     assert first.timer_events == ()
 
@@ -392,7 +187,7 @@ def test_confirmation_at_grace_end_command_first_ends_cancelled_exe_7(reported: 
     assert stop is not None
     scene = scene.at(stop.grace_until)
     outcome = command_then_timers(scene, cancel_confirmation(scene, outcome=reported))
-    assert _types(outcome.accepted) == ["AttemptReported"]
+    assert event_types(outcome.accepted) == ["AttemptReported"]
     assert outcome.final.status is RunStatus.CANCELLED
     assert outcome.timer_events == (), "confirmed: the grace timer finds nothing to do"
     assert next_timer_at(outcome.final) is None
@@ -425,7 +220,7 @@ def test_confirmation_one_ms_before_grace_end_wins_in_both_orders_exe_7() -> Non
     second = timers_then_command(scene, confirmation)
     assert not any(isinstance(e, RunInterrupted) for e in second.timer_events)
     for outcome in (first, second):
-        assert _types(outcome.accepted) == ["AttemptReported"]
+        assert event_types(outcome.accepted) == ["AttemptReported"]
         assert outcome.final.status is RunStatus.CANCELLED
 
 
@@ -501,7 +296,7 @@ def test_deadline_vs_answer_both_orders_end_failed_exe_10() -> None:
     reply = answer(scene)
 
     first = command_then_timers(scene, reply)
-    assert _types(first.accepted) == ["InputProvided"]
+    assert event_types(first.accepted) == ["InputProvided"]
     (reached,) = first.timer_events
     assert isinstance(reached, DeadlineReached) and not reached.stop_requested
 
@@ -529,8 +324,8 @@ def test_cancel_at_lease_expiry_is_honoured_in_both_orders_exe_7(retry_safe: boo
     command = cancel(scene)
 
     first = command_then_timers(scene, command)
-    assert _types(first.accepted) == ["RunCancelRequested"]
-    assert _types(first.timer_events) == ["LeaseExpired"], "no automatic retry after a cancel"
+    assert event_types(first.accepted) == ["RunCancelRequested"]
+    assert event_types(first.timer_events) == ["LeaseExpired"], "no automatic retry after a cancel"
     assert first.final.status is RunStatus.INTERRUPTED
     assert first.final.cancel_accepted_at == scene.now
 
@@ -538,147 +333,3 @@ def test_cancel_at_lease_expiry_is_honoured_in_both_orders_exe_7(retry_safe: boo
     (cancelled,) = second.accepted
     assert isinstance(cancelled, RunCancelled)
     assert second.final.status is RunStatus.CANCELLED
-
-
-# --- two defects these races found (now fixed in domain/lease.py and domain/stops.py) ---------
-
-
-def test_claim_at_the_deadline_is_refused_so_both_orders_end_failed_without_a_lease_exe_10() -> None:
-    """EXE-10 bounds the run from first assignment 'including later queueing'; a continuation
-    still queued when the deadline passes must not be assigned again. Timers first, the run
-    fails at once and the claim is refused. Command first, the claim must be refused as well:
-    granting a fresh 90 s lease (and an active slot) to a run already past its deadline only
-    forces a stop that the new runner may never confirm (then `interrupted`, not `failed`)."""
-    scene = waiting_for_input(expires_in_ms=60_000, timeout_seconds=20)
-    scene = scene.at(T0 + 3_000).accept(answer(scene))
-    assert scene.state.status is RunStatus.QUEUED and scene.state.continuation_of == "resp-1"
-    deadline = scene.state.deadline_at
-    assert deadline is not None
-    scene = scene.at(deadline)
-    claim = claim_cmd(scene.state.run_id, "runner-b", command_id="race-claim-late")
-
-    second = timers_then_command(scene, claim)
-    assert second.refused.code is RejectionCode.RUN_NOT_CLAIMABLE
-    assert second.final.status is RunStatus.FAILED
-
-    first = command_then_timers(scene, claim)
-    assert isinstance(first.decision, Rejection), (
-        f"a run past its deadline ({deadline}) was assigned at {scene.now}: {first.decision}"
-    )
-    assert first.final == second.final
-
-
-def test_every_deadline_decision_has_its_own_event_id_after_a_user_retry_exe_10_dur_1() -> None:
-    """Event ids are derived from their cause so that a redelivery repeats them exactly; two
-    *different* events must never share one. Deadline stop, never confirmed -> interrupted;
-    the user's retry (if accepted) re-arms the deadline, and the reconciler's second
-    DeadlineReached must not reuse the first one's id (its cause was `timer/<run>/deadline`)."""
-    scene = _at_deadline()
-    log: list[RunEvent] = []
-    events, scene = scene.reconcile()
-    log += events
-    stop = scene.state.stop
-    assert stop is not None and stop.kind is StopKind.DEADLINE
-    events, scene = scene.at(stop.grace_until).reconcile()
-    log += events
-    assert scene.state.status is RunStatus.INTERRUPTED
-    retry = RetryRun(
-        command_id="race-retry",
-        run_id=scene.state.run_id,
-        issued_at=scene.now,
-        correlation_id="corr-retry",
-        actor="user:alice",
-        acknowledge_repeated_effects=True,
-        reason="try once more",
-    )
-    decision = scene.decide(retry)
-    if not isinstance(decision, Rejection):
-        log += decision
-        scene = scene.applied(decision)
-        events, scene = scene.reconcile()
-        log += events
-    ids = [e.event_id for e in log]
-    assert len(ids) == len(set(ids)), f"one event id for two events: {_types(tuple(log))} {ids}"
-
-
-# --- determinism: the same state, command and `now` decide the same ---------------------------
-
-
-def _scenes() -> list[tuple[str, Callable[[], tuple[Scene, RunCommand]]]]:
-    def expiry() -> tuple[Scene, RunCommand]:
-        scene = running(lease_seconds=60, retry_safe=True)
-        assert scene.state.lease is not None
-        scene = scene.at(scene.state.lease.expires_at)
-        return scene, success_report(scene)
-
-    def deadline() -> tuple[Scene, RunCommand]:
-        scene = _at_deadline()
-        return scene, success_report(scene)
-
-    def grace() -> tuple[Scene, RunCommand]:
-        scene = cancelling()
-        assert scene.state.stop is not None
-        scene = scene.at(scene.state.stop.grace_until)
-        return scene, cancel_confirmation(scene)
-
-    def input_expiry() -> tuple[Scene, RunCommand]:
-        scene = waiting_for_input()
-        assert scene.state.input_wait is not None
-        scene = scene.at(scene.state.input_wait.expires_at)
-        return scene, answer(scene)
-
-    def cancel_at_expiry() -> tuple[Scene, RunCommand]:
-        scene = running(lease_seconds=60)
-        assert scene.state.lease is not None
-        scene = scene.at(scene.state.lease.expires_at)
-        return scene, cancel(scene)
-
-    return [
-        ("lease-expiry", expiry),
-        ("deadline", deadline),
-        ("cancel-grace", grace),
-        ("input-expiry", input_expiry),
-        ("cancel-at-expiry", cancel_at_expiry),
-    ]
-
-
-@pytest.mark.parametrize("build", [b for _, b in _scenes()], ids=[name for name, _ in _scenes()])
-def test_both_orders_are_deterministic_exe_12(build: Callable[[], tuple[Scene, RunCommand]]) -> None:
-    """Deciding the same (state, command, now) twice gives identical events, and so does each
-    whole order: a coordinator that crashes and re-decides after a restart decides the same."""
-    scene, command = build()
-    assert scene.decide(command) == scene.decide(command)
-    assert decide_timers(scene.state, scene.now, scene.policy) == decide_timers(
-        scene.state, scene.now, scene.policy
-    )
-    assert command_then_timers(scene, command) == command_then_timers(scene, command)
-    assert timers_then_command(scene, command) == timers_then_command(scene, command)
-    # A rebuilt scene (fresh objects, same inputs) decides the same too: nothing hidden leaks in.
-    again, same_command = build()
-    assert again.state == scene.state and same_command == command
-    assert command_then_timers(again, same_command) == command_then_timers(scene, command)
-    assert timers_then_command(again, same_command) == timers_then_command(scene, command)
-
-
-@pytest.mark.parametrize("build", [b for _, b in _scenes()], ids=[name for name, _ in _scenes()])
-def test_neither_order_ever_ends_succeeded_after_a_stop_or_with_a_refused_report_exe_7_exe_10(
-    build: Callable[[], tuple[Scene, RunCommand]],
-) -> None:
-    scene, command = build()
-    for outcome in (command_then_timers(scene, command), timers_then_command(scene, command)):
-        if outcome.final.status is RunStatus.SUCCEEDED:
-            assert not isinstance(outcome.decision, Rejection)
-            assert outcome.timer_events == ()
-        assert outcome.final.status in TERMINAL_STATUSES or outcome.final.status in (
-            RunStatus.QUEUED,
-            RunStatus.INTERRUPTED,
-            RunStatus.CANCELLING,
-        )
-        cancelled = isinstance(outcome.decision, tuple) and any(
-            isinstance(e, (RunCancelRequested, RunCancelled)) for e in outcome.decision
-        )
-        if cancelled:
-            assert outcome.final.status is not RunStatus.SUCCEEDED
-            assert not any(isinstance(e, RunRequeued) for e in outcome.timer_events)
-        if any(isinstance(e, LeaseExpired) for e in outcome.timer_events):
-            assert outcome.final.lease is not None and not outcome.final.lease.held
