@@ -1,11 +1,11 @@
-"""`tenure`: up, broker, topics, tail, replay, rebuild, breakers, schedules."""
+"""`tenure`: up, broker, topics, tail, replay, rebuild, runs, lease, incidents, breakers, schedules."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from services.tenure_cli import breakers, schedules, supervisor, topic_tools
+from services.tenure_cli import breakers, resources, schedules, supervisor, topic_tools
 
 __all__ = ["build_parser", "main"]
 
@@ -61,9 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     tail.set_defaults(func=topic_tools.tail)
 
     replay = sub.add_parser("replay", help="write events to JSON Lines for analysts")
-    replay.add_argument(
-        "--topic", default=None, help=f"topic (default {topic_tools.DEFAULT_REPLAY_TOPIC})"
-    )
+    replay.add_argument("--topic", default=None, help=f"topic (default {topic_tools.DEFAULT_REPLAY_TOPIC})")
     start = replay.add_mutually_exclusive_group()
     start.add_argument(
         "--from-offset", type=int, default=None, help="start at this offset in every partition"
@@ -75,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     rebuild = sub.add_parser("rebuild", help="rebuild the Run views from offset 0 (projections stopped)")
     rebuild.set_defaults(func=supervisor.rebuild)
 
+    resources.add_parsers(sub)
     breakers.add_parser(sub)
     schedules.add_parser(sub)
     return parser

@@ -6,16 +6,15 @@
 
 The API is TENURE_CLI_API_URL (else this deployment's) with the key TENURE_CLI_API_KEY
 (`--api-url`, `--api-key`); a problem answer is printed as `HTTP <status> <type>: <detail>` and
-exits 1 (the call itself is `tenure breakers`' own).
+exits 1 (services/tenure_cli/api_client.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
-from services.tenure_cli.breakers import _call, _options
+from services.tenure_cli.api_client import add_api_options, call, show, table
 
 __all__ = ["add_parser", "describe_table", "list_table"]
 
@@ -37,8 +36,7 @@ def list_table(body: Any) -> str:
         )
     if len(rows) == 1:
         return "No schedules."
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+    return table(rows)
 
 
 def describe_table(s: Any) -> str:
@@ -68,25 +66,20 @@ def describe_table(s: Any) -> str:
     return text
 
 
-def _show(args: argparse.Namespace, body: Any, table: Any) -> int:
-    print(json.dumps(body, indent=2) if args.output == "json" else table(body))
-    return 0
-
-
 def list_schedules(args: argparse.Namespace) -> int:
     query = f"?tenant={args.tenant}" if getattr(args, "tenant", None) else ""
-    return _show(args, _call(args, "GET", "/schedules" + query), list_table)
+    return show(args, call(args, "GET", "/schedules" + query), list_table)
 
 
 def describe_schedule(args: argparse.Namespace) -> int:
-    return _show(args, _call(args, "GET", f"/schedules/{args.schedule_id}?next={args.next}"), describe_table)
+    return show(args, call(args, "GET", f"/schedules/{args.schedule_id}?next={args.next}"), describe_table)
 
 
 def trigger_schedule(args: argparse.Namespace) -> int:
-    answer = _call(args, "POST", f"/schedules/{args.schedule_id}/trigger", {"reason": args.reason})
+    answer = call(args, "POST", f"/schedules/{args.schedule_id}/trigger", {"reason": args.reason})
     if answer.get("status") == "pending":
-        return _show(args, answer, lambda a: f"{args.schedule_id}: pending (command {a.get('commandId')})")
-    return _show(args, answer, describe_table)
+        return show(args, answer, lambda a: f"{args.schedule_id}: pending (command {a.get('commandId')})")
+    return show(args, answer, describe_table)
 
 
 def add_parser(sub: Any) -> None:
@@ -96,22 +89,22 @@ def add_parser(sub: Any) -> None:
         help="schedules: list, describe, trigger",
         description="Schedules (EXE-14), through the command API.",
     )
-    _options(top, True)
+    add_api_options(top, True)
     top.add_argument("--tenant", default=None, help="only this tenant's schedules")
     top.set_defaults(func=list_schedules, schedule_command="list")
     actions = top.add_subparsers(dest="schedule_command", metavar="{list,describe,trigger}")
     listing = actions.add_parser("list", help="every schedule (the default)")
-    _options(listing, False)
+    add_api_options(listing, False)
     listing.add_argument("--tenant", default=argparse.SUPPRESS, help="only this tenant's schedules")
     listing.set_defaults(func=list_schedules)
     describe = actions.add_parser("describe", help="one schedule: next firings, history")
     describe.add_argument("schedule_id")
     describe.add_argument("--next", type=int, default=5, help="how many next firings to show")
-    _options(describe, False)
+    add_api_options(describe, False)
     describe.set_defaults(func=describe_schedule)
     trigger = actions.add_parser("trigger", help="a manual run now (the owner or an operator)")
     trigger.add_argument("schedule_id")
     trigger.add_argument("--reason", default="", help="recorded with the firing")
     trigger.add_argument("--idempotency-key", default=None, help="a retry with the same key is the same run")
-    _options(trigger, False)
+    add_api_options(trigger, False)
     trigger.set_defaults(func=trigger_schedule)

@@ -457,4 +457,3 @@ def up(args: argparse.Namespace) -> int:
         supervisor.shutdown()
         print("Tenure stopped.", flush=True)
     return 1 if supervisor.failure else 0
-

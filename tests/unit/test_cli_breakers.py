@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -20,10 +19,10 @@ from services.common.contracts import SUCCESS, TRANSPORT_FAILURE, ForceOpenBreak
 from services.common.kafka import InboundRecord
 from services.common.messages import MessageCodec
 from services.common.topics import BREAKERS_EVENTS
-from services.tenure_cli import breakers as breaker_cli
 from services.tenure_cli import main as cli
 from services.tenure_cli import topic_tools
-from tests.support.api_harness import InMemoryTenure, api_client
+from tests.support.api_harness import InMemoryTenure
+from tests.support.cli_api import cli_on_api, run_cli
 from tests.support.tenure import free_port
 from tests.unit.breakers.support import Breaker, disable, force_open, report, request, reset
 
@@ -33,32 +32,14 @@ KEYS = "rita-key=rita:submitter,olga-key=olga:operator"
 ENDPOINT = "env/vm.provision"
 
 
-class _Borrowed:
-    """The in-process API's client, lent to one CLI command (which closes what it opened)."""
-
-    def __init__(self, client: TestClient) -> None:
-        self._client = client
-
-    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        return self._client.request(method, path, **kwargs)
-
-    def close(self) -> None:
-        """The test owns the client."""
-
-
 @pytest.fixture()
 def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TestClient, InMemoryTenure]]:
-    monkeypatch.delenv("TENURE_CLI_API_KEY", raising=False)
-    monkeypatch.delenv("TENURE_CLI_API_URL", raising=False)
-    with api_client(tmp_path, api_keys=KEYS, decision_timeout_s=5.0) as (client, tenure):
-        monkeypatch.setattr(breaker_cli, "open_client", lambda base, timeout: _Borrowed(client))
+    with cli_on_api(tmp_path, monkeypatch, KEYS) as (client, tenure):
         yield client, tenure
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run_cli(capsys, *argv)
 
 
 def _open(tenure: InMemoryTenure) -> None:
@@ -75,7 +56,14 @@ def test_list_is_a_table_and_json_on_request_brk_1(api: Any, capsys: pytest.Capt
     assert code == 0, out
     header, *rows = out.strip().splitlines()
     assert header.split() == [
-        "ENDPOINT", "STATUS", "FAILS-FAST", "ERROR-RATE", "WINDOW", "COOLDOWN-LEFT", "CANARY", "AGE"
+        "ENDPOINT",
+        "STATUS",
+        "FAILS-FAST",
+        "ERROR-RATE",
+        "WINDOW",
+        "COOLDOWN-LEFT",
+        "CANARY",
+        "AGE",
     ]
     assert [row.split()[:5] for row in rows] == [
         [ENDPOINT, "open", "yes", "80%", "8/10"],
@@ -121,14 +109,34 @@ def test_an_operator_forces_open_and_resets_with_a_reason_brk_2(
     (command,) = tenure.commands_of(ForceOpenBreaker)
     assert (command.actor, command.reason) == ("olga", "vendor maintenance")
     code, out, err = _run(
-        capsys, "breakers", "reset", ENDPOINT, "--reason", "vendor is back", "--api-key", "olga-key",
-        "--idempotency-key", "rst-1", "-o", "json",
+        capsys,
+        "breakers",
+        "reset",
+        ENDPOINT,
+        "--reason",
+        "vendor is back",
+        "--api-key",
+        "olga-key",
+        "--idempotency-key",
+        "rst-1",
+        "-o",
+        "json",
     )
     assert code == 0, err
     assert json.loads(out)["status"] == "closed" and json.loads(out)["reason"] == "vendor is back"
     code, out, _ = _run(
-        capsys, "breakers", "reset", ENDPOINT, "--reason", "vendor is back", "--api-key", "olga-key",
-        "--idempotency-key", "rst-1", "-o", "json",
+        capsys,
+        "breakers",
+        "reset",
+        ENDPOINT,
+        "--reason",
+        "vendor is back",
+        "--api-key",
+        "olga-key",
+        "--idempotency-key",
+        "rst-1",
+        "-o",
+        "json",
     )
     assert code == 0 and json.loads(out)["replayed"] is True
     assert len(tenure.commands_of(ResetBreaker)) == 1
