@@ -1,5 +1,6 @@
 """`tenure runs|lease|incidents`: the resources operators ask about, with kubectl's verbs.
 
+    tenure runs submit --tenant T --spec JSON|@FILE --timeout S   POST /runs (-o name: its id)
     tenure runs list [--status S] [--limit N] [--all] [-w]     GET /runs
     tenure runs describe RUN [-w]                              the run, its lease and its trajectory
     tenure runs history RUN                                    every event of the run, in order
@@ -22,6 +23,7 @@ import argparse
 import json
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import quote
@@ -256,6 +258,41 @@ def history(args: argparse.Namespace) -> int:
     return show(args, run.get("history") or [], history_table)
 
 
+def _spec(text: str) -> dict[str, Any]:
+    """The ExecutionSpec given inline or as @file, which must hold a JSON object."""
+    if text.startswith("@"):
+        with open(text[1:], encoding="utf-8") as handle:
+            text = handle.read()
+    try:
+        spec = json.loads(text)
+    except ValueError as exc:
+        raise RuntimeError(f"--spec is not JSON: {exc}") from exc
+    if not isinstance(spec, dict):
+        raise RuntimeError("--spec must be a JSON object")
+    return spec
+
+
+def submit(args: argparse.Namespace) -> int:
+    if not args.idempotency_key:
+        # Submitting is idempotent by key: say the one chosen, so a retry can be the same run.
+        args.idempotency_key = uuid.uuid4().hex
+        print(
+            f"Idempotency-Key: {args.idempotency_key} (pass it again to retry this submission)",
+            file=sys.stderr,
+        )
+    body: dict[str, Any] = {
+        "tenant": args.tenant,
+        "executionSpec": _spec(args.spec),
+        "timeoutSeconds": args.timeout,
+        "retrySafe": args.retry_safe,
+        "maxAttempts": args.max_attempts,
+    }
+    if args.agent_revision:
+        body["agentRevisionId"] = args.agent_revision
+    answer = call(args, "POST", "/runs", body)
+    return show(args, answer, lambda a: table([_RUN_HEADER, _run_row(a)]))
+
+
 def cancel(args: argparse.Namespace) -> int:
     answer = call(args, "POST", _run_path(args.run_id, "/cancel"), {"reason": args.reason})
     return show(args, answer, lambda a: f"{a.get('runId', args.run_id)}: {a.get('status')}")
@@ -321,7 +358,15 @@ def _resource(sub: Any, name: str, help_text: str) -> Any:
 
 def add_parsers(sub: Any) -> None:
     """`tenure runs`, `tenure lease` and `tenure incidents` under the CLI's subcommands."""
-    runs = _resource(sub, "runs", "runs: list, describe, history, cancel, retry")
+    runs = _resource(sub, "runs", "runs: submit, list, describe, history, cancel, retry")
+    submitting = _verb(runs, "submit", "submit a run (idempotent by --idempotency-key)", submit)
+    submitting.add_argument("--tenant", required=True)
+    submitting.add_argument("--spec", required=True, help="the ExecutionSpec: a JSON object, or @file")
+    submitting.add_argument("--timeout", type=int, required=True, help="seconds the whole run may take")
+    submitting.add_argument("--retry-safe", action="store_true", help="Tenure may retry after lease loss")
+    submitting.add_argument("--max-attempts", type=int, default=3)
+    submitting.add_argument("--agent-revision", default=None, help="what the run runs")
+    _write(submitting)
     listing = _verb(runs, "list", "runs, oldest submissions first", list_runs)
     listing.add_argument("--status", default=None, help="only runs in this status")
     listing.add_argument("--limit", type=int, default=50, help="runs per page (1-500, default 50)")

@@ -226,3 +226,23 @@ def test_output_name_prints_one_id_per_line_for_shell_variables(
     assert code == 0 and out.splitlines() == [second]
     code, out, _ = run_cli(capsys, "runs", "list", "-o", "name", "--api-key", "rita-key")
     assert code == 0 and sorted(out.splitlines()) == sorted([first, second])
+
+
+def test_runs_submit_is_idempotent_by_its_key_and_prints_the_run_id_with_o_name(
+    api: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    client, tenure = api
+    spec = tmp_path / "spec.json"
+    spec.write_text('{"agent": "triage-bot", "input": "ticket 42"}')
+    argv = ("runs", "submit", "--tenant", "acme", "--spec", f"@{spec}", "--timeout", "900", "-o", "name")
+    code, out, _ = run_cli(capsys, *argv, "--idempotency-key", "demo-1", "--api-key", "rita-key")
+    run_id = out.strip()
+    assert code == 0 and run_id.startswith("run_")
+    assert client.get(f"/runs/{run_id}", headers=RITA).json()["executionSpec"]["input"] == "ticket 42"
+    code, again, _ = run_cli(capsys, *argv, "--idempotency-key", "demo-1", "--api-key", "rita-key")
+    assert code == 0 and again.strip() == run_id
+    assert sum(type(c).__name__ == "SubmitRun" for c in tenure.commands) == 1
+    code, out, err = run_cli(capsys, *argv, "--api-key", "rita-key")  # no key: one is chosen and said
+    assert code == 0 and out.strip() != run_id and "Idempotency-Key: " in err
+    code, _, err = run_cli(capsys, "runs", "submit", "--tenant", "acme", "--spec", "[1]", "--timeout", "9")
+    assert code == 1 and "--spec must be a JSON object" in err
