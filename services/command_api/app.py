@@ -24,6 +24,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from services.command_api.context import ApiContext, ApiDependencies, open_dependencies
+from services.command_api.openapi_doc import install_openapi, operation_id
 from services.command_api.problems import CATALOG, ApiProblem, register_problem_handlers
 from services.command_api.routes_admin import admin_router
 from services.command_api.routes_artifacts import artifacts_router
@@ -43,6 +44,7 @@ from services.common.settings import TenureSettings
 
 __all__ = [
     "API_VERSION",
+    "PUBLIC_PATHS",
     "REFUSALS",
     "ApiDependencies",
     "create_app",
@@ -56,6 +58,8 @@ API_VERSION = version("tenure")
 RAW_BODY_PREFIXES = ("/uploads/",)
 MAX_PATH_PARAM = 200
 _ENDPOINT = re.compile(ENDPOINT_ID_PATTERN)
+# What anyone may read without a key: liveness, readiness, metrics and what a problem type means.
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/problems/{slug}"})
 
 REFUSALS = f"""
 
@@ -132,6 +136,7 @@ def create_app(open_deps: Callable[[], ApiDependencies], *, max_body_bytes: int 
         + REFUSALS,
         lifespan=lifespan,
         dependencies=[Depends(well_formed_path_ids)],
+        generate_unique_id_function=operation_id,
     )
     register_problem_handlers(app)
 
@@ -150,6 +155,7 @@ def create_app(open_deps: Callable[[], ApiDependencies], *, max_body_bytes: int 
     app.include_router(schedules_router(ctx))
     app.include_router(quarantine_router(ctx))
     app.include_router(artifacts_router(ctx))
+    install_openapi(app, CATALOG, PUBLIC_PATHS)
     app.add_middleware(
         HttpGuard,
         catalog=CATALOG,

@@ -192,7 +192,11 @@ def artifacts_router(ctx: ApiContext) -> APIRouter:
             taintOrigin=artifact.taint_origin,
         )
 
-    @router.get("/artifacts/{artifact_id}", summary="Read an artifact through the mediation gateway (QUA-2)")
+    @router.get(
+        "/artifacts/{artifact_id}",
+        summary="Read an artifact through the mediation gateway (QUA-2)",
+        name="read_artifact",
+    )
     async def read(
         artifact_id: str,
         request: Request,
@@ -259,7 +263,12 @@ def artifacts_router(ctx: ApiContext) -> APIRouter:
         ]
         return {"items": items, "count": len(items), "tombstonedHidden": not includeTombstoned}
 
-    @router.post("/artifacts/{artifact_id}/clear", status_code=202, summary="Clear an artifact (QUA-2)")
+    @router.post(
+        "/artifacts/{artifact_id}/clear",
+        status_code=202,
+        summary="Clear an artifact (QUA-2)",
+        name="clear_artifact",
+    )
     async def clear(artifact_id: str, body: ArtifactClearBody, request: Request) -> Any:
         who = ctx.principal(request)
         graph, artifact = await found(artifact_id)

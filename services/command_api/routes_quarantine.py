@@ -242,7 +242,11 @@ def quarantine_router(ctx: ApiContext) -> APIRouter:
             raise ApiProblem("forbidden", "reporting a suspicion needs the verifier role", runId=run_id)
         return await trigger(run_id, "verifier", body, who, key, request)
 
-    @router.get("/runs/{run_id}/quarantine", summary="A run's quarantine: trigger, stages, taint (long-poll)")
+    @router.get(
+        "/runs/{run_id}/quarantine",
+        summary="A run's quarantine: trigger, stages, taint (long-poll)",
+        name="read_quarantine",
+    )
     async def read(
         run_id: str,
         request: Request,
@@ -301,7 +305,12 @@ def quarantine_router(ctx: ApiContext) -> APIRouter:
             return JSONResponse(await render(run_id), status_code=202)  # idempotent on (run, stage)
         return await answer(run_id, await publish(ctx, command), request, None)
 
-    @router.post("/runs/{run_id}/quarantine/clear", status_code=202, summary="Clear a quarantine (QUA-2)")
+    @router.post(
+        "/runs/{run_id}/quarantine/clear",
+        status_code=202,
+        summary="Clear a quarantine (QUA-2)",
+        name="clear_quarantine",
+    )
     async def clear(run_id: str, body: ClearBody, request: Request, key: IdempotencyKey = None) -> Any:
         who = ctx.principal(request)
         run = await run_of(run_id)

@@ -138,6 +138,7 @@ def _as_request(state: ScheduleState) -> dict[str, Any]:
 def schedules_router(ctx: ApiContext) -> APIRouter:
     router = ctx.guarded()
     codec = MessageCodec()
+
     def board() -> ScheduleBoard:
         if ctx.deps.schedules is None:
             raise ctx.unavailable("the schedules view is not configured in this API")
@@ -278,7 +279,13 @@ def schedules_router(ctx: ApiContext) -> APIRouter:
             command = kind(**header(request, schedule_id, who, kind.__name__, idempotency_key), reason=reason)
             return await send(command, request)
 
-        router.add_api_route(f"/schedules/{{schedule_id}}/{path}", act, methods=["POST"], summary=action)
+        router.add_api_route(
+            f"/schedules/{{schedule_id}}/{path}",
+            act,
+            methods=["POST"],
+            summary=action,
+            name=f"{path}_schedule",
+        )
 
     _action(PauseSchedule, "pause", "pausing a schedule")
     _action(ResumeSchedule, "resume", "resuming a schedule")

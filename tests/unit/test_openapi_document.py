@@ -1,0 +1,129 @@
+"""The OpenAPI document matches the API (issue 17, "OpenAPI that matches the API").
+
+The document is valid OpenAPI 3; every operation declares its problem answers as
+application/problem+json with the Problem schema and a real example; 503s carry Retry-After;
+operationIds are unique and stable (pinned below: renaming one breaks generated clients, so it
+must be a decision); the Idempotency-Key the submission refuses to go without is required; and
+`security` says exactly which operations answer 401 to a caller without a key, checked by
+sending every operation of the running app without one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from openapi_spec_validator import validate
+
+from services.command_api.app import create_app
+from services.common.contracts.ids import attempt_id_for
+from services.common.ids import run_id_for
+from services.common.problem_json import PROBLEM_JSON
+from tests.support.api_harness import InMemoryTenure, api_client
+
+pytestmark = pytest.mark.timeout(60)
+
+RUN = run_id_for("acme", "openapi")
+PATH_VALUES = {
+    "run_id": RUN,
+    "attempt_id": attempt_id_for(RUN, 1),
+    "grant_id": "grant_" + "0" * 32 + "_" + "0" * 16,
+    "incident_id": "inc_" + "0" * 32,
+    "endpoint": "ledger",
+    "schedule_id": "nightly",
+    "artifact_id": "art_" + "0" * 32,
+    "kind": "tenant",
+    "subject": "acme",
+    "index": "0",
+    "slug": "not-found",
+}
+OPERATION_IDS = {
+    "abort_trajectory", "acknowledge_rollback", "adopt_lease", "approve_pivot", "block", "blocks",
+    "bulkheads", "cancel_run", "claim", "clear_artifact", "clear_quarantine", "configure",
+    "create_schedule", "describe_problem", "disable_breaker", "envelope", "finish_trajectory",
+    "force_open_breaker", "get_breaker", "get_run", "get_schedule", "get_trajectory", "get_watchdog",
+    "healthz", "heartbeat", "lease_record", "list_breakers", "list_incidents", "list_runs",
+    "list_schedules", "listing", "observe", "patch_schedule", "pause_schedule", "propose_step",
+    "provide_input", "quarantine", "read_artifact", "read_quarantine", "readyz", "report",
+    "request_input", "reset_breaker", "resolve_incident", "resume_schedule", "retry_run", "stage",
+    "start_trajectory", "submit_run", "suspicion", "takeover", "trigger_schedule", "unblock", "upload",
+    "upload_grant",
+}  # fmt: skip
+
+
+def _document() -> dict[str, Any]:
+    def never() -> Any:
+        raise AssertionError("only the document of this app is read")
+
+    schema: dict[str, Any] = create_app(never).openapi()
+    return schema
+
+
+def _operations(doc: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    for path, item in doc["paths"].items():
+        for method, operation in item.items():
+            yield path, method, operation
+
+
+def test_the_document_is_valid_openapi_with_unique_stable_operation_ids() -> None:
+    doc = _document()
+    validate(doc)
+    ids = [op["operationId"] for _, _, op in _operations(doc)]
+    assert len(ids) == len(set(ids))
+    assert set(ids) == OPERATION_IDS
+
+
+def test_every_operation_declares_its_problems_as_problem_json_with_an_example() -> None:
+    doc = _document()
+    assert "HTTPValidationError" not in doc["components"]["schemas"]
+    problem = doc["components"]["schemas"]["Problem"]
+    assert set(problem["required"]) == {"type", "title", "status", "detail"}
+    for path, method, operation in _operations(doc):
+        responses = operation["responses"]
+        for status in ("400", "422", "500", "503"):
+            assert status in responses, (path, method, status)
+        for status, response in responses.items():
+            if int(status) < 400:
+                continue
+            content = response["content"][PROBLEM_JSON]
+            assert content["schema"] == {"$ref": "#/components/schemas/Problem"}, (path, method, status)
+            assert content["example"]["status"] == int(status), (path, method, status)
+            assert content["example"]["type"].startswith("/problems/")
+        assert "Retry-After" in responses["503"]["headers"]
+        if method in ("post", "put", "patch"):
+            assert "413" in responses, (path, method)
+
+
+def test_the_submissions_idempotency_key_is_required_and_bearer_auth_is_declared() -> None:
+    doc = _document()
+    submit = doc["paths"]["/runs"]["post"]
+    key = next(p for p in submit["parameters"] if p["name"] == "Idempotency-Key")
+    assert key["in"] == "header" and key["required"] is True
+    assert doc["components"]["securitySchemes"]["bearerAuth"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "An API key this deployment knows (TENURE_API_KEYS), as a bearer token.",
+    }
+
+
+@pytest.fixture()
+def keyed_api(tmp_path: Path) -> Iterator[TestClient]:
+    with api_client(tmp_path, api_keys="olga-key=olga:operator", tenure=InMemoryTenure()) as (client, _):
+        yield client
+
+
+def test_security_names_exactly_the_operations_that_refuse_a_caller_without_a_key(
+    keyed_api: TestClient,
+) -> None:
+    doc = keyed_api.get("/openapi.json").json()
+    mismatches = []
+    for path, method, operation in _operations(doc):
+        url = path.format(**PATH_VALUES)
+        answer = keyed_api.request(method.upper(), url, json={} if method != "get" else None)
+        secured = "security" in operation
+        if (answer.status_code == 401) != secured:
+            mismatches.append((method, path, answer.status_code, secured))
+    assert mismatches == []
