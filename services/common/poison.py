@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from services.common.contracts import CommandRejected
 from services.common.ids import derived_id
 from services.common.kafka import InboundRecord, OutboundRecord
+from services.common.logs import log_fields
 from services.common.messages import (
     MAX_RECORD_BYTES,
     MessageCodec,
@@ -209,6 +210,14 @@ def set_aside_command(
         failure_summary(exc),
         failure_reason(exc),
         short_traceback(exc),
+        extra=log_fields(
+            run_id=run_id,
+            command_id=command_id,
+            correlation_id=getattr(command, "correlation_id", None),
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+        ),
     )
     out = [failed_command_deadletter(deadletter_topic, record, exc, command, processor)]
     try:
@@ -243,6 +252,7 @@ def set_aside_timer(
         failure_summary(exc),
         TIMER_FAILED,
         short_traceback(exc),
+        extra=log_fields(run_id=aggregate_id, partition=partition),
     )
     return timer_deadletter(
         deadletter_topic, events_topic, partition, aggregate_id, version, due_ms, exc, processor

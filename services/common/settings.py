@@ -49,6 +49,7 @@ class TenureSettings(BaseSettings):
     # at 8 clients and no measurable change at one (docs/benchmarks.md, durable steps).
     batch_window_ms: float = Field(default=5.0, ge=0.1, le=100.0)
     log_level: str = "INFO"
+    access_log: bool = Field(default=False, description="HTTP access log lines (JSON), every HTTP process.")
     lease_seconds: int = Field(default=90, ge=1, le=3600, description="Default lease TTL (EXE-4).")
     heartbeat_seconds: int = Field(default=20, ge=1, le=1800, description="Default heartbeat interval.")
     lease_at_risk_fraction: float = Field(default=0.5, gt=0, lt=1)

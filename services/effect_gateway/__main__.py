@@ -8,10 +8,9 @@ TENURE_BREAKER_SLOW_CALL_MS (the breakers themselves run in `python -m services.
 
 from __future__ import annotations
 
-import uvicorn
-
 from services.common.auth import parse_api_keys
 from services.common.bulkhead import Bulkheads
+from services.common.http_serve import serve_http
 from services.common.logs import configure_logging
 from services.common.settings import TenureSettings
 from services.effect_gateway.app import create_app
@@ -35,15 +34,7 @@ def main() -> None:
         api_keys=parse_api_keys(settings.api_keys),
         max_body_bytes=settings.max_body_bytes,
     )
-    # uvloop and httptools: the fastest loop and parser uvicorn has (issue 11, per-request CPU).
-    uvicorn.run(
-        app,
-        host=settings.api_host,
-        port=settings.gateway_port,
-        log_level="warning",
-        loop="uvloop",
-        http="httptools",
-    )
+    serve_http(app, settings.api_host, settings.gateway_port, settings)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ enable the ``/faults`` test routes.
 
 from __future__ import annotations
 
-import uvicorn
-
+from services.common.http_serve import serve_http
+from services.common.logs import configure_logging
 from services.common.settings import TenureSettings
 from services.fenced_ledger.app import create_app
 from services.fenced_ledger.store import LedgerStore
@@ -21,7 +21,8 @@ def main() -> None:
     store = LedgerStore(settings.ledger_database())
     store.initialize()
     app = create_app(store, faults_enabled=settings.ledger_faults)
-    uvicorn.run(app, host=settings.ledger_host, port=settings.ledger_port, log_level="warning")
+    configure_logging(settings.log_level, service="tenure-fenced-ledger")
+    serve_http(app, settings.ledger_host, settings.ledger_port, settings)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ in memory: a restart (or ``POST /reset``) starts from an empty world.
 
 from __future__ import annotations
 
-import uvicorn
-
+from services.common.http_serve import serve_http
+from services.common.logs import configure_logging
 from services.common.settings import TenureSettings
 from services.sim_environment.app import create_app
 
@@ -19,7 +19,8 @@ __all__ = ["main"]
 def main() -> None:
     settings = TenureSettings()
     app = create_app(time_scale=settings.sim_time_scale)
-    uvicorn.run(app, host=settings.sim_host, port=settings.sim_port, log_level="warning")
+    configure_logging(settings.log_level, service="tenure-sim-environment")
+    serve_http(app, settings.sim_host, settings.sim_port, settings)
 
 
 if __name__ == "__main__":
