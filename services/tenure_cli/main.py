@@ -45,30 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     topics.add_argument("action", choices=["create", "list"])
     topics.set_defaults(func=supervisor.topics)
 
-    tail = sub.add_parser("tail", help="decode and pretty-print records as they arrive")
-    tail.add_argument(
-        "topics",
-        nargs="*",
-        default=None,
-        help=f"topics (default: {' '.join(topic_tools.DEFAULT_TAIL_TOPICS)})",
-    )
-    tail.add_argument("--run", dest="run_id", help="only this run id")
-    tail.add_argument("--type", dest="types", action="append", help="only this record type (repeatable)")
-    tail.add_argument("--from-beginning", action="store_true", help="start at offset 0, not at the end")
-    tail.add_argument("--json", action="store_true", help="one JSON object per line")
-    tail.add_argument("--max", type=int, default=None, help="stop after this many records")
-    tail.add_argument("--idle-exit", type=float, default=None, help="stop after this many idle seconds")
-    tail.set_defaults(func=topic_tools.tail)
-
-    replay = sub.add_parser("replay", help="write events to JSON Lines for analysts")
-    replay.add_argument("--topic", default=None, help=f"topic (default {topic_tools.DEFAULT_REPLAY_TOPIC})")
-    start = replay.add_mutually_exclusive_group()
-    start.add_argument(
-        "--from-offset", type=int, default=None, help="start at this offset in every partition"
-    )
-    start.add_argument("--from-time", default=None, help="start at this ISO-8601 time or epoch millis")
-    replay.add_argument("--output", "-o", default="-", help="file to write (default stdout)")
-    replay.set_defaults(func=topic_tools.replay)
+    topic_tools.add_parsers(sub)
 
     rebuild = sub.add_parser("rebuild", help="rebuild the Run views from offset 0 (projections stopped)")
     rebuild.set_defaults(func=supervisor.rebuild)

@@ -52,7 +52,7 @@ class _RecordingFollower:
     def __init__(self, bootstrap: str, topics: list[str], start_at: Any, client_id: str) -> None:
         _RecordingFollower.asked.append(list(topics))
 
-    def poll(self, timeout_s: float) -> list[Any]:
+    def poll(self, max_records: int = 500, timeout_s: float = 0.2) -> list[Any]:
         return []
 
     def close(self) -> None:
