@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import uvicorn
-
 from services.command_api.app import create_app, open_dependencies
+from services.command_api.projection import api_views_path
+from services.common.http_serve import serve_http
 from services.common.logs import configure_logging
 from services.common.settings import TenureSettings
-from services.projections.service import views_path
 
 
 def main() -> None:
@@ -17,21 +16,13 @@ def main() -> None:
     app = create_app(
         lambda: open_dependencies(
             bootstrap,
-            views_path(settings.state_dir),
+            api_views_path(settings.state_dir, settings.instance_id),
             settings.decision_timeout_s,
             settings.state_dir / "artifacts",
         ),
         max_body_bytes=settings.max_body_bytes,
     )
-    # uvloop and httptools: the fastest loop and parser uvicorn has (issue 11, per-request CPU).
-    uvicorn.run(
-        app,
-        host=settings.api_host,
-        port=settings.api_port,
-        log_level="warning",
-        loop="uvloop",
-        http="httptools",
-    )
+    serve_http(app, settings.api_host, settings.api_port, settings)
 
 
 if __name__ == "__main__":

@@ -14,22 +14,25 @@ with Retry-After; a command that is durable but undecided is a 202 to poll.
 from __future__ import annotations
 
 import asyncio
+import time
 from concurrent.futures import Future
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Protocol, TypeVar
+from typing import Any, Awaitable, Callable, Iterator, Protocol, TypeVar
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from services.breakers.client import BreakerClient
+from services.command_api.as_of import read_run_events
 from services.command_api.auth import Principal, load_api_keys, principal_of
 from services.command_api.breaker_board import ApiBreakerBoard, BreakerHistoryFold, configured_bulkheads
 from services.command_api.models import PendingCommand
 from services.command_api.problems import REJECTION_PROBLEMS, ApiProblem, problem_response
-from services.command_api.view_reader import ViewReader
+from services.command_api.projection import ApiProjection
+from services.command_api.view_reader import READ_DEADLINE, ViewReader
 from services.common.auth import warn_if_development_mode
 from services.common.clock import Clock, SystemClock
 from services.common.contracts import (
@@ -37,6 +40,7 @@ from services.common.contracts import (
     TRAJECTORY_EVENT_TYPES,
     WATCHDOG_EVENT_TYPES,
     RunCommand,
+    RunEvent,
     TrajectoryCommand,
     WatchdogCommand,
 )
@@ -132,6 +136,13 @@ class ApiDependencies:
     # The schedules as folded from their log (EXE-14); None: the schedule routes answer 503.
     schedules: ScheduleBoard | None = None
 
+    # This instance's own projection of the views (None: a unit test's store).
+    projection: ApiProjection | None = None
+    # One run's events read from its partition of runs.events, for a view as of a time or a
+    # version (services/command_api/as_of.py): (run id, submitted at, until ms) -> events.
+    # None: GET /runs/{id}?asOf= answers 503.
+    run_history: Callable[[str, int, int | None], Iterator[RunEvent]] | None = None
+
     def close(self) -> None:
         if self.schedules is not None:
             self.schedules.close()
@@ -147,6 +158,8 @@ class ApiDependencies:
         self.trajectory_decisions.close()
         self.decisions.close()
         self.publisher.close()
+        if self.projection is not None:
+            self.projection.close()
 
 
 def delivery_timeout_for(decision_timeout_s: float) -> float:
@@ -161,6 +174,10 @@ def delivery_timeout_for(decision_timeout_s: float) -> float:
 def open_dependencies(
     bootstrap_servers: str, views_path: Path, decision_timeout_s: float, artifacts_path: Path
 ) -> ApiDependencies:
+    """The API's Kafka clients, its own projection of the views, and the rest of what routes use.
+
+    `views_path` is this instance's own views store (projection.api_views_path), folded by it.
+    """
     codec = MessageCodec()
     api_keys = load_api_keys()
     warn_if_development_mode(api_keys, "tenure-command-api")
@@ -191,6 +208,7 @@ def open_dependencies(
         client_id="tenure-command-api",
         delivery_timeout_s=delivery_timeout_for(decision_timeout_s),
     )
+    projection = ApiProjection(bootstrap_servers, views_path, codec)
     return ApiDependencies(
         publisher=publisher,
         decisions=decisions,
@@ -200,7 +218,10 @@ def open_dependencies(
             heard_run=lambda run_id: decisions.newest_heard(run_id),
             heard_trajectory=lambda run_id: trajectory_decisions.newest_heard(run_id),
             heard_watchdog=lambda run_id: watchdog_decisions.newest_heard(run_id),
+            projection=projection,
+            wait_s=decision_timeout_s,
         ),
+        projection=projection,
         codec=codec,
         clock=SystemClock(),
         api_keys=api_keys,
@@ -217,6 +238,9 @@ def open_dependencies(
         bulkheads=configured_bulkheads(TenureSettings()),
         quarantine=_quarantine_deps(bootstrap_servers, codec),
         schedules=ScheduleBoard(bootstrap_servers, "tenure-api-schedules"),
+        run_history=lambda run_id, submitted_at, until_ms: read_run_events(
+            bootstrap_servers, codec, run_id, submitted_at, until_ms
+        ),
     )
 
 
@@ -294,6 +318,8 @@ class ApiContext:
     async def start_request(self) -> None:
         """A router dependency: the request's deadline starts when it reaches its route."""
         _DEADLINE.set(asyncio.get_running_loop().time() + self.deps.decision_timeout_s)
+        # The same deadline for a view read's wait for the fold, which runs in a thread.
+        READ_DEADLINE.set(time.monotonic() + self.deps.decision_timeout_s)
 
     def remaining(self) -> float:
         """Seconds left of the request's deadline (a whole timeout outside a request)."""
@@ -473,6 +499,9 @@ async def check_holder(ctx: ApiContext, who_name: str, run_id: str, attempt_id: 
     because every heartbeat passes here.
     """
     brief = await ctx.in_thread("the run views", ctx.deps.views.brief, run_id)
+    if brief is None or attempt_id not in brief["holders"]:
+        # Perhaps granted through another API instance a moment ago: ask the fold up to the end.
+        brief = await ctx.in_thread("the run views", ctx.deps.views.fresh_brief, run_id)
     if brief is None:
         return None  # the coordinator answers unknown-attempt
     holder = brief["holders"].get(attempt_id)

@@ -6,10 +6,12 @@ do, and says whether it runs in development mode (no API keys):
     {"status": "ok", "service": "tenure-command-api", "developmentMode": false}
 
 `GET /readyz` (readiness) checks what a request needs: Kafka answers a metadata request (cached
-for a second, so a busy poller costs the broker nothing), the views store is open and catches up
-with the projector, and the decision followers (run, trajectory, watchdog and breaker
-decisions), the block policy follower and the circuit breakers' board (breakers.events folded up
-to where the log ended at start-up) are following. Ready:
+for a second, so a busy poller costs the broker nothing), this instance's own views have folded
+runs.events, trajectories.events and watchdog.events up to where they ended when it started
+(services/command_api/projection.py: not ready while it catches up), and the decision
+followers (run, trajectory, watchdog and breaker decisions), the block policy follower and the
+circuit breakers' board (breakers.events folded up to where the log ended at start-up) are
+following. Ready:
 
     200 {"status": "ready", "service": "tenure-command-api", "developmentMode": false,
          "checks": {"kafka": {"ready": true, "detail": "..."}, "views": {...},
@@ -88,7 +90,7 @@ def health_router(ctx: ApiContext) -> APIRouter:
 
     @router.get(
         "/readyz",
-        summary="Readiness: Kafka, the views store and the decision followers",
+        summary="Readiness: Kafka, this instance's own views (caught up) and the decision followers",
         responses={503: {"description": "Not ready: a problem+json naming what is not ready"}},
     )
     async def readyz() -> Any:

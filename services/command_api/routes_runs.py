@@ -15,6 +15,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from services.command_api.as_of import BadAsOf, fold_as_of, parse_as_of
 from services.command_api.context import ApiContext, pending_response, rejection_problem
 from services.command_api.health import health_router
 from services.command_api.idempotency import PRINCIPAL_FIELD, KeyedRequest, conflict_problem, differing_fields
@@ -256,12 +257,42 @@ def runs_router(ctx: ApiContext) -> APIRouter:
         return outcome.view
 
     @api.get("/runs/{run_id}", summary="The Run view, with its semantic watchdog's ladder if it has one")
-    async def get_run(run_id: str) -> Any:
+    async def get_run(
+        run_id: str,
+        asOf: str | None = Query(
+            default=None,
+            max_length=64,
+            description="The run as it was at this time (RFC 3339 or epoch ms) or version (v12), "
+            "folded from the log; the answer's `asOf` says which version that was.",
+        ),
+    ) -> Any:
         view = await ctx.view(run_id)
         if view is None:
             raise ApiProblem("run-not-found", f"run {run_id} does not exist", runId=run_id)
+        if asOf is not None:
+            return await _as_of(run_id, view, asOf)
         ladder = await _watchdog_ladder(run_id)
         return view if ladder is None else {**view, "watchdog": ladder}
+
+    async def _as_of(run_id: str, current: dict[str, Any], text: str) -> Any:
+        try:
+            as_of = parse_as_of(text)
+        except BadAsOf as exc:
+            raise ApiProblem("validation-failed", str(exc), runId=run_id) from exc
+        history = ctx.deps.run_history
+        if history is None:
+            raise ctx.unavailable("the run's history is not readable by this API")
+        read = history
+
+        def fold() -> dict[str, Any] | None:
+            return fold_as_of(read(run_id, int(current["submittedAt"]), as_of.time_ms), as_of)
+
+        view = await ctx.in_thread("the run's history on runs.events", fold)
+        if view is None:
+            raise ApiProblem(
+                "run-not-found", f"run {run_id} did not exist yet at {text}", runId=run_id, asOf=text
+            )
+        return view
 
     async def _watchdog_ladder(run_id: str) -> dict[str, Any] | None:
         """The watchdog's interventions (WD-5) beside the run, so an operator sees the whole

@@ -1,7 +1,17 @@
-"""The API's reads of the projector's views: run, trajectory and watchdog views, caught up lazily.
+"""The API's reads of the run, trajectory and watchdog views: this instance's own projection.
 
-The projector owns the store; the API opens it as a read-only RocksDB secondary and catches up
-with the primary only when a read may be behind (see `ViewReader._current`).
+Each API instance folds the view topics into a store of its own (services/command_api/projection.py,
+with the projector's own fold code), so any number of instances serve behind a load balancer and
+none reads another process's disk. A read of a view is read-your-writes across instances: it
+first waits (bounded by the request's deadline) until this instance has folded each topic up to
+where Kafka says it ends now, so a command decided through any instance shows; if that cannot
+happen in time the read is a 503 with Retry-After, never a stale view after the client's own write.
+
+The heartbeat path reads the small brief (`brief`, `watchdog_brief`) without that round trip when
+the instance's own decision follower has heard nothing newer than the brief it finds: those
+answers are fenced by the coordinator, which decides on its own state, not on the view.
+
+`store` is for unit tests: a store the caller folds into itself, read as it is.
 """
 
 from __future__ import annotations
@@ -10,32 +20,36 @@ import asyncio
 import builtins
 import threading
 import time
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Callable
 
 from services.command_api.problems import ApiProblem
+from services.command_api.projection import ApiProjection
 from services.common.decisions import FollowerHealth
 from services.common.messages import MessageCodec
-from services.common.store import KeyValueStore, RocksStore
+from services.common.store import KeyValueStore
+from services.common.topics import RUNS_EVENTS, TRAJECTORIES_EVENTS, WATCHDOG_EVENTS
 from services.projections.store import RunViewStore
 from services.projections.trajectory_store import TrajectoryViewStore
 from services.projections.watchdog_store import WatchdogViewStore
 
-__all__ = ["ViewReader"]
+__all__ = ["READ_DEADLINE", "ViewReader"]
+
+# The request's deadline (time.monotonic()), set by the API's routers: a read's wait for the fold
+# is bounded by it. asyncio.to_thread copies the context, so the reading thread sees it.
+READ_DEADLINE: ContextVar[float | None] = ContextVar("tenure_read_deadline", default=None)
+_RETRY_AFTER_S = 1
 
 
 class ViewReader:
-    """Opens the projector's RocksDB as a read-only secondary, once it exists.
+    """Reads this instance's own projection (`projection`), or a store a unit test fills."""
 
-    Run, trajectory and watchdog views share that store, so one catch-up serves all. `store` is
-    for tests: a store the caller already has open instead of the projector's at `path`."""
-
-    # Catching up with the primary costs a few file reads; many waiting requests share one.
+    # A given store (a unit test's, or a RocksDB secondary) is caught up with `refresh`, at
+    # most this often, and only when a read may be behind: when a newer version was heard of
+    # than the view found, or the last catch-up is _SETTLED_S old (issue 11: catching up on
+    # every read was a third of the API's CPU). A waiter without a projection looks this often.
     _REFRESH_EVERY_S = 0.002
-    # A read of one aggregate's view catches up only when the API has heard of a version newer
-    # than the view it finds (the decision followers hear every event), or when the last catch-up
-    # is this old: that covers what happened before the followers started. Catching up on every
-    # read was a third of the API's CPU under load.
     _SETTLED_S = 0.1
 
     def __init__(
@@ -47,132 +61,190 @@ class ViewReader:
         heard_run: Callable[[str], int] | None = None,
         heard_trajectory: Callable[[str], int] | None = None,
         heard_watchdog: Callable[[str], int] | None = None,
+        projection: ApiProjection | None = None,
+        wait_s: float = 10.0,
     ) -> None:
         self._path = path
-        self._codec = codec
-        self._given = store
-        self._views: RunViewStore | None = None
-        self._trajectories: TrajectoryViewStore | None = None
-        self._watchdogs: WatchdogViewStore | None = None
-        self._lock = threading.Lock()
-        self._refreshed_at = 0.0
+        self._projection = projection
+        self._wait_s = wait_s
         self._heard_run = heard_run
         self._heard_trajectory = heard_trajectory
         self._heard_watchdog = heard_watchdog
+        self._given = store
+        self._lock = threading.Lock()
+        self._refreshed_at = 0.0
+        self._views: RunViewStore | None = None
+        self._trajectories: TrajectoryViewStore | None = None
+        self._watchdogs: WatchdogViewStore | None = None
+        if store is not None and projection is None:
+            self._views = RunViewStore(store, codec)
+            self._trajectories = TrajectoryViewStore(store, codec)
+            self._watchdogs = WatchdogViewStore(store, codec)
 
-    def _store(self) -> RunViewStore:
+    # --- the stores and the barrier -----------------------------------------------------------
+
+    def _runs(self) -> RunViewStore:
+        if self._views is None and self._projection is not None:
+            self._trajectories = self._projection.trajectories
+            self._watchdogs = self._projection.watchdogs
+            self._views = self._projection.runs
         if self._views is None:
-            if self._given is None and not (self._path / "CURRENT").exists():
-                raise ApiProblem("unavailable", "the run views are not built yet; is projections running?")
-            store = self._given if self._given is not None else RocksStore(self._path, secondary=True)
-            self._trajectories = TrajectoryViewStore(store, self._codec)
-            self._watchdogs = WatchdogViewStore(store, self._codec)
-            self._views = RunViewStore(store, self._codec)
+            raise ApiProblem("unavailable", "the run views are not built yet: this API has no projection")
         return self._views
 
-    def health(self) -> FollowerHealth:
-        """Ready when the store is open and catches up with the projector."""
-        try:
-            self._fresh_store()
-        except ApiProblem as exc:
-            return FollowerHealth(False, exc.detail)
-        except Exception as exc:  # a store that cannot be opened or refreshed is not ready
-            return FollowerHealth(False, f"the views store cannot be read: {exc}")
-        return FollowerHealth(True, "the views store is open")
-
-    def _fresh_store(self) -> RunViewStore:
-        store = self._store()
-        with self._lock:
-            now = time.monotonic()
-            if now - self._refreshed_at >= self._REFRESH_EVERY_S:
-                store.refresh()
-                self._refreshed_at = now
-        return store
-
-    def _current(
-        self, read: Callable[[], dict[str, Any] | None], heard: Callable[[str], int] | None, run_id: str
-    ) -> dict[str, Any] | None:
-        """`read()` of one aggregate's view, caught up first only if it may be behind."""
-        self._store()
-        if heard is not None:
-            with self._lock:
-                settled = time.monotonic() - self._refreshed_at < self._SETTLED_S
-            if settled:
-                view = read()
-                if heard(run_id) <= (int(view["version"]) if view is not None else 0):
-                    return view
-        self._fresh_store()
-        return read()
-
-    def get(self, run_id: str) -> dict[str, Any] | None:
-        return self._current(lambda: self._store().get(run_id), self._heard_run, run_id)
-
-    def brief(self, run_id: str) -> dict[str, Any] | None:
-        return self._current(lambda: self._store().brief(run_id), self._heard_run, run_id)
-
-    def list(self, status: str | None, limit: int, cursor: str | None) -> Any:
-        return self._fresh_store().list(status, limit, cursor)
-
-    def _fresh_trajectories(self) -> TrajectoryViewStore:
-        self._fresh_store()
+    def _trajectory_store(self) -> TrajectoryViewStore:
+        self._runs()
         assert self._trajectories is not None
         return self._trajectories
 
-    def trajectory(self, run_id: str) -> dict[str, Any] | None:
-        def read() -> dict[str, Any] | None:
-            self._store()
-            assert self._trajectories is not None
-            return self._trajectories.get(run_id)
-
-        return self._current(read, self._heard_trajectory, run_id)
-
-    def step_output(self, run_id: str, step_index: int) -> str | None:
-        """The exact output text of a committed step (a saga step's artifact, QUA-2), else None."""
-        fold = self._fresh_trajectories().fold(run_id)
-        step = fold.state.step(step_index) if fold is not None else None
-        return step.output if step is not None and step.status.value == "committed" else None
-
     def _watchdog_store(self) -> WatchdogViewStore:
-        self._store()
+        self._runs()
         assert self._watchdogs is not None
         return self._watchdogs
 
+    def _remaining(self) -> float:
+        deadline = READ_DEADLINE.get()
+        return self._wait_s if deadline is None else max(0.0, deadline - time.monotonic())
+
+    def _barrier(self, topic: str) -> None:
+        """Wait until this instance has folded `topic` up to its end as of now, or refuse (503)."""
+        views = self._runs()
+        if self._projection is None:
+            self._refresh(views)
+            return
+        timeout_s = self._remaining()
+        try:
+            current = self._projection.barrier(topic, timeout_s)
+        except Exception as exc:  # Kafka did not say where the log ends
+            raise _unavailable(f"where {topic} ends is not known ({exc})") from exc
+        if not current:
+            raise _unavailable(f"this API's views did not fold {topic} up to its end within {timeout_s:.2g}s")
+
+    def _refresh(self, views: RunViewStore) -> None:
+        """Catch a given store up (a no-op for one written in place)."""
+        with self._lock:
+            now = time.monotonic()
+            if now - self._refreshed_at >= self._REFRESH_EVERY_S:
+                views.refresh()
+                self._refreshed_at = now
+
+    def health(self) -> FollowerHealth:
+        """Ready once this instance's own views have caught up with the logs at start."""
+        if self._projection is not None:
+            return self._projection.health()
+        if self._views is None:
+            return FollowerHealth(False, "the run views are not built yet: this API has no projection")
+        return FollowerHealth(True, "the views store is open")
+
+    def _current(
+        self,
+        topic: str,
+        read: Callable[[], dict[str, Any] | None],
+        heard: Callable[[str], int] | None,
+        run_id: str,
+    ) -> dict[str, Any] | None:
+        """`read()` of a brief: as found, when this instance heard of nothing newer; else fresh."""
+        self._runs()
+        if heard is not None:
+            with self._lock:  # a given store: caught up a moment ago (a projection: always)
+                settled = time.monotonic() - self._refreshed_at < self._SETTLED_S
+            if settled or self._projection is not None:
+                view = read()
+                if view is not None and heard(run_id) <= int(view["version"]):
+                    return view
+        self._barrier(topic)
+        return read()
+
+    def _given_current(
+        self, topic: str, read: Callable[[], dict[str, Any] | None], run_id: str
+    ) -> dict[str, Any] | None:
+        """A full read: with a projection, after the barrier; a given store, as `_current`."""
+        if self._projection is None and topic == RUNS_EVENTS.name and run_id:
+            return self._current(topic, read, self._heard_run, run_id)
+        if self._projection is None and topic == TRAJECTORIES_EVENTS.name and run_id:
+            return self._current(topic, read, self._heard_trajectory, run_id)
+        if self._projection is None and topic == WATCHDOG_EVENTS.name and run_id:
+            return self._current(topic, read, self._heard_watchdog, run_id)
+        self._barrier(topic)
+        return read()
+
+    # --- reads --------------------------------------------------------------------------------
+
+    def get(self, run_id: str) -> dict[str, Any] | None:
+        return self._given_current(RUNS_EVENTS.name, lambda: self._runs().get(run_id), run_id)
+
+    def brief(self, run_id: str) -> dict[str, Any] | None:
+        return self._current(RUNS_EVENTS.name, lambda: self._runs().brief(run_id), self._heard_run, run_id)
+
+    def fresh_brief(self, run_id: str) -> dict[str, Any] | None:
+        """The brief with everything on the log as of now folded (a holder check of a new lease)."""
+        self._barrier(RUNS_EVENTS.name)
+        return self._runs().brief(run_id)
+
+    def list(self, status: str | None, limit: int, cursor: str | None) -> Any:
+        self._barrier(RUNS_EVENTS.name)
+        return self._runs().list(status, limit, cursor)
+
+    def trajectory(self, run_id: str) -> dict[str, Any] | None:
+        return self._given_current(
+            TRAJECTORIES_EVENTS.name, lambda: self._trajectory_store().get(run_id), run_id
+        )
+
+    def step_output(self, run_id: str, step_index: int) -> str | None:
+        """The exact output text of a committed step (a saga step's artifact, QUA-2), else None."""
+        self._barrier(TRAJECTORIES_EVENTS.name)
+        fold = self._trajectory_store().fold(run_id)
+        step = fold.state.step(step_index) if fold is not None else None
+        return step.output if step is not None and step.status.value == "committed" else None
+
     def watchdog(self, run_id: str) -> dict[str, Any] | None:
         """The run's watchdog view (WD-5), None while the run has no watchdog."""
-        return self._current(lambda: self._watchdog_store().get(run_id), self._heard_watchdog, run_id)
+        return self._given_current(WATCHDOG_EVENTS.name, lambda: self._watchdog_store().get(run_id), run_id)
 
     def watchdog_brief(self, run_id: str) -> dict[str, Any] | None:
         """The few watchdog fields a runner's answers carry (one small read per heartbeat)."""
-        return self._current(lambda: self._watchdog_store().brief(run_id), self._heard_watchdog, run_id)
-
-    async def wait_for_watchdog_version(
-        self, run_id: str, version: int, timeout_s: float
-    ) -> dict[str, Any] | None:
-        """The run's watchdog view once the projection has applied `version`, or None on timeout."""
-        return await self._wait(self.watchdog, run_id, version, timeout_s)
+        return self._current(
+            WATCHDOG_EVENTS.name, lambda: self._watchdog_store().brief(run_id), self._heard_watchdog, run_id
+        )
 
     def open_incidents(self) -> builtins.list[dict[str, Any]]:
-        return self._fresh_trajectories().open_incidents()
+        self._barrier(TRAJECTORIES_EVENTS.name)
+        return self._trajectory_store().open_incidents()
 
     def incident(self, incident_id: str) -> dict[str, Any] | None:
-        return self._fresh_trajectories().incident(incident_id)
+        self._barrier(TRAJECTORIES_EVENTS.name)
+        return self._trajectory_store().incident(incident_id)
+
+    # --- waits for a version the caller knows was decided ------------------------------------
+
+    async def wait_for_version(self, run_id: str, version: int, timeout_s: float) -> dict[str, Any] | None:
+        """The run's view once this instance has folded `version`, or None on timeout."""
+        return await self._wait(lambda r: self._runs().get(r), run_id, version, timeout_s)
 
     async def wait_for_trajectory_version(
         self, run_id: str, version: int, timeout_s: float
     ) -> dict[str, Any] | None:
-        """The run's trajectory view once the projection has applied `version`, or None on timeout."""
-        return await self._wait(self.trajectory, run_id, version, timeout_s)
+        """The run's trajectory view once this instance has folded `version`, or None on timeout."""
+        return await self._wait(lambda r: self._trajectory_store().get(r), run_id, version, timeout_s)
 
-    async def wait_for_version(self, run_id: str, version: int, timeout_s: float) -> dict[str, Any] | None:
-        """The run's view once the projection has applied `version`, or None on timeout."""
-        return await self._wait(self.get, run_id, version, timeout_s)
+    async def wait_for_watchdog_version(
+        self, run_id: str, version: int, timeout_s: float
+    ) -> dict[str, Any] | None:
+        """The run's watchdog view once this instance has folded `version`, or None on timeout."""
+        return await self._wait(lambda r: self._watchdog_store().get(r), run_id, version, timeout_s)
 
     async def _wait(
         self, read: Callable[[str], dict[str, Any] | None], run_id: str, version: int, timeout_s: float
     ) -> dict[str, Any] | None:
+        """Read, and read again each time the projection folds more, until `version` shows.
+
+        The version is known decided (its decision was heard), so no barrier is needed: the fold
+        wakes the waiter the moment it has written a batch, at no polling cost."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
+        progress = self._projection.progress if self._projection is not None else None
         while True:
+            generation = progress.generation if progress is not None else 0
             try:
                 # Each read is bounded too: a store that stops answering must not hold the request.
                 view = await asyncio.wait_for(
@@ -182,6 +254,19 @@ class ViewReader:
                 return None
             if view is not None and int(view["version"]) >= version:
                 return view
-            if loop.time() >= deadline:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
                 return None
-            await asyncio.sleep(self._REFRESH_EVERY_S)
+            if progress is None:
+                await asyncio.sleep(self._REFRESH_EVERY_S)
+            elif not await progress.changed_since(generation, remaining):
+                return None
+
+
+def _unavailable(detail: str) -> ApiProblem:
+    return ApiProblem(
+        "unavailable",
+        f"{detail}; a view older than a write it may have made is not served",
+        headers={"Retry-After": str(_RETRY_AFTER_S)},
+        retryAfterSeconds=_RETRY_AFTER_S,
+    )

@@ -2,7 +2,7 @@
 
     tenure runs submit --tenant T --spec JSON|@FILE --timeout S   POST /runs (-o name: its id)
     tenure runs list [--status S] [--limit N] [--all] [-w]     GET /runs
-    tenure runs describe RUN [-w]                              the run, its lease and its trajectory
+    tenure runs describe RUN [-w] [--as-of T|vN]               the run, its lease and its trajectory
     tenure runs history RUN                                    every event of the run, in order
     tenure runs cancel RUN [--reason TEXT]                     POST /runs/RUN/cancel
     tenure runs retry RUN [--acknowledge-repeated-effects]     POST /runs/RUN/retry
@@ -134,8 +134,9 @@ def _trajectory_text(trajectory: Mapping[str, Any] | None) -> str:
 
 def describe_run(body: Mapping[str, Any]) -> str:
     run = body.get("run") or {}
+    as_of = run.get("asOf")
     lines = [
-        ("Run", str(run.get("runId"))),
+        ("Run", str(run.get("runId")) + (f" as of version {as_of['version']}" if as_of else "")),
         ("Tenant", str(run.get("tenant"))),
         ("Status", str(run.get("status")) + (f" ({run['statusReason']})" if run.get("statusReason") else "")),
         ("Version", str(run.get("version"))),
@@ -236,6 +237,12 @@ def list_runs(args: argparse.Namespace) -> int:
 
 
 def _run_and_trajectory(args: argparse.Namespace) -> dict[str, Any]:
+    if getattr(args, "as_of", None):
+        # The run as it was, folded from the log; the trajectory has no point-in-time view.
+        return {
+            "run": call(args, "GET", _run_path(args.run_id), params={"asOf": args.as_of}),
+            "trajectory": None,
+        }
     run = call(args, "GET", _run_path(args.run_id))
     try:
         trajectory = call(args, "GET", _run_path(args.run_id, "/trajectory"))
@@ -381,6 +388,11 @@ def add_parsers(sub: Any) -> None:
         parser.add_argument("run_id", metavar="RUN")
         if verb == "describe":
             _watchable(parser)
+            parser.add_argument(
+                "--as-of",
+                default=None,
+                help="the run as it was at a time (RFC 3339, epoch ms) or a version (v12), from the log",
+            )
     cancelling = _verb(runs, "cancel", "cancel a run (its submitter or an operator)", cancel)
     cancelling.add_argument("run_id", metavar="RUN")
     cancelling.add_argument("--reason", default="", help="recorded with the cancel")

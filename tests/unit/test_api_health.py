@@ -102,7 +102,14 @@ def test_the_api_says_development_mode_loudly_once_when_it_opens_its_dependencie
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             self.kwargs = kwargs
 
-    clients = ("CommandPublisher", "DecisionListener", "BlockList", "ApiBreakerBoard", "QuarantineBoard")
+    clients = (
+        "CommandPublisher",
+        "DecisionListener",
+        "BlockList",
+        "ApiBreakerBoard",
+        "QuarantineBoard",
+        "ApiProjection",  # follows the view topics into the API's own store
+    )
     for name in (*clients, "ScheduleBoard"):
         monkeypatch.setattr(context, name, Offline)
     monkeypatch.setenv("TENURE_API_KEYS", "")
