@@ -99,3 +99,16 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield handle.bootstrap_servers
     finally:
         handle.stop()
+
+
+@pytest.fixture(scope="module")
+def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A three-node KRaft cluster of the project launcher (services.common.broker_cluster), one per
+    test module (starting three JVMs is the costly part); yields its ClusterHandle."""
+    from services.common.broker_cluster import start_cluster
+
+    cluster = start_cluster(tmp_path_factory.mktemp("kafka-cluster"), 3, die_with_parent=True)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

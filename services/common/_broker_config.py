@@ -9,13 +9,16 @@ from collections.abc import Mapping
 from pathlib import Path
 
 __all__ = [
+    "CLUSTER_JVM_OPTS",
     "DEFAULT_JVM_OPTS",
     "FAST_RESTART_PROPERTIES",
     "HOST",
     "KAFKA_DEFAULT_SESSION_PROPERTIES",
     "LOG4J2_CONFIG",
+    "SCRAM_LOGIN_MODULE",
     "STARTED_LOG_LINE",
     "TOOL_JVM_OPTS",
+    "cluster_node_properties",
     "server_properties",
 ]
 
@@ -101,6 +104,82 @@ def server_properties(
         "num.io.threads": "4",
         "num.recovery.threads.per.data.dir": "1",
         **FAST_RESTART_PROPERTIES,
+        **(overrides or {}),
+    }
+    return "".join(f"{key}={value}\n" for key, value in settings.items())
+
+
+# A cluster node's JVM: three of them share the machine with Tenure's processes, so a smaller heap.
+CLUSTER_JVM_OPTS = ("-Xms128m", "-Xmx512m", *DEFAULT_JVM_OPTS[2:])
+SCRAM_LOGIN_MODULE = "org.apache.kafka.common.security.scram.ScramLoginModule"
+
+
+def cluster_node_properties(
+    node_id: int,
+    port: int,
+    controller_port: int,
+    voters: str,
+    data_dir: Path,
+    nodes: int,
+    *,
+    scram: tuple[str, str, str] | None = None,
+    tls: Mapping[str, str] | None = None,
+    overrides: Mapping[str, str] | None = None,
+) -> str:
+    """One combined broker+controller of an N-voter KRaft cluster (static quorum `voters`).
+
+    `scram` = (mechanism, broker user, broker password): the client listener then requires
+    SASL/SCRAM and brokers replicate over it with their own credential (created at format time,
+    `kafka-storage format --add-scram`, since KRaft keeps SCRAM credentials in the metadata log).
+    `tls` = the listener's ssl.* properties (keystore, truststore, client auth): it speaks TLS
+    (SSL, or SASL_SSL with `scram`)."""
+    replicas = str(min(3, nodes))
+    min_isr = str(min(2, nodes))
+    listener = "CLIENT"
+    protocol = ("SASL_" if scram else "") + ("SSL" if tls else "PLAINTEXT")
+    security: dict[str, str] = dict(tls or {})
+    if scram is not None:
+        mechanism, user, password = scram
+        security |= {
+            "sasl.enabled.mechanisms": mechanism,
+            "sasl.mechanism.inter.broker.protocol": mechanism,
+            f"listener.name.client.{mechanism.lower()}.sasl.jaas.config": (
+                f'{SCRAM_LOGIN_MODULE} required username="{user}" password="{password}";'
+            ),
+        }
+    settings = {
+        "process.roles": "broker,controller",
+        "node.id": str(node_id),
+        "listeners": f"{listener}://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
+        "advertised.listeners": f"{listener}://{HOST}:{port}",
+        "listener.security.protocol.map": f"{listener}:{protocol},CONTROLLER:PLAINTEXT",
+        "inter.broker.listener.name": listener,
+        "controller.listener.names": "CONTROLLER",
+        "controller.quorum.voters": voters,
+        "log.dirs": str(data_dir),
+        "auto.create.topics.enable": "false",
+        "num.partitions": "1",
+        "default.replication.factor": replicas,
+        "min.insync.replicas": "1",
+        # Kafka's own topics as durable as Tenure's: transactions and offsets survive a node.
+        "offsets.topic.replication.factor": replicas,
+        "transaction.state.log.replication.factor": replicas,
+        "transaction.state.log.min.isr": min_isr,
+        "share.coordinator.state.topic.replication.factor": replicas,
+        "share.coordinator.state.topic.min.isr": min_isr,
+        "offsets.topic.num.partitions": "5",
+        "transaction.state.log.num.partitions": "5",
+        "group.initial.rebalance.delay.ms": "0",
+        "num.network.threads": "2",
+        "num.io.threads": "2",
+        "num.recovery.threads.per.data.dir": "1",
+        "num.replica.fetchers": "1",
+        # A SIGKILLed node is fenced (its partitions get new leaders) after this long; followers
+        # drop out of the ISR after replica.lag.time.max.ms. Short, for tests on loopback.
+        "broker.session.timeout.ms": "3000",
+        "broker.heartbeat.interval.ms": "500",
+        "replica.lag.time.max.ms": "5000",
+        **security,
         **(overrides or {}),
     }
     return "".join(f"{key}={value}\n" for key, value in settings.items())

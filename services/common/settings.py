@@ -6,10 +6,10 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["TenureSettings", "child_environment", "repo_root", "schema_dir_override"]
+__all__ = ["KafkaSettings", "TenureSettings", "child_environment", "repo_root", "schema_dir_override"]
 
 
 def repo_root() -> Path:
@@ -29,7 +29,55 @@ def schema_dir_override() -> Path | None:
     return Path(value) if value else None
 
 
-class TenureSettings(BaseSettings):
+class KafkaSettings(BaseSettings):
+    """Production Kafka (docs/architecture.md "Production Kafka"): client settings and topic layout.
+
+    A base of TenureSettings, and usable alone: the topic catalog reads it once at import (names
+    and partition counts are module constants used everywhere) without the rest of the settings."""
+
+    model_config = SettingsConfigDict(env_prefix="TENURE_", extra="ignore")
+
+    # Secret-bearing (sasl.password, ssl.key.password, ...): a SecretStr, so no repr shows it.
+    kafka_config: SecretStr = Field(
+        default=SecretStr(""),
+        description="librdkafka client properties, `key=value` one per line (or `;`-separated), "
+        "e.g. security.protocol, ssl.*, sasl.*; applied to every Kafka client; overrides the file.",
+    )
+    kafka_config_file: Path | None = Field(
+        default=None, description="A librdkafka properties file (`key=value` lines, # comments)."
+    )
+    faust_config: str = Field(
+        default="",
+        max_length=10_000,
+        description="Extra faust App settings for the stream processors, `key=value;...` "
+        "(values parsed as JSON when they are, e.g. broker_max_poll_records=500).",
+    )
+    topic_prefix: str = Field(
+        default="",
+        pattern=r"^[A-Za-z0-9._-]{0,100}$",
+        description='Prefix of every Tenure topic name, e.g. "prod." (one cluster, many deployments).',
+    )
+    topic_partitions: int = Field(
+        default=4, ge=1, le=10_000, description="Partitions of every keyed topic family (co-partitioned)."
+    )
+    topic_replication_factor: int = Field(
+        default=1, ge=1, le=32, description="Replication factor of the topics Tenure creates."
+    )
+    topic_min_insync_replicas: int | None = Field(
+        default=None, ge=1, le=32, description="min.insync.replicas of Tenure's topics; unset = broker's."
+    )
+
+    @model_validator(mode="after")
+    def _insync_within_replicas(self) -> KafkaSettings:
+        if (self.topic_min_insync_replicas or 0) > self.topic_replication_factor:
+            raise ValueError(
+                f"TENURE_TOPIC_MIN_INSYNC_REPLICAS={self.topic_min_insync_replicas} exceeds "
+                f"TENURE_TOPIC_REPLICATION_FACTOR={self.topic_replication_factor}: no write could succeed"
+            )
+        return self
+
+
+class TenureSettings(KafkaSettings):
     model_config = SettingsConfigDict(env_prefix="TENURE_", extra="ignore")
 
     kafka_bootstrap_servers: str | None = Field(

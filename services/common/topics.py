@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from services.common.settings import KafkaSettings
+
 __all__ = [
     "BREAKERS_COMMANDS",
     "BREAKERS_EVENTS",
@@ -37,6 +39,14 @@ __all__ = [
     "TopicSpec",
 ]
 
+# The deployment's layout, read once: names and partition counts are constants every module uses
+# (TENURE_TOPIC_PREFIX, TENURE_TOPIC_PARTITIONS; docs/architecture.md "Production Kafka"). Every
+# keyed family (commands, events and rejections of one aggregate) shares the one count, so the
+# co-partitioned topics stay equal whatever the operator chooses.
+_LAYOUT = KafkaSettings()
+_PREFIX = _LAYOUT.topic_prefix
+_KEYED_PARTITIONS = _LAYOUT.topic_partitions
+
 _FOREVER = "-1"
 _SEVEN_DAYS_MS = str(7 * 24 * 3600 * 1000)
 _THIRTY_DAYS_MS = str(30 * 24 * 3600 * 1000)
@@ -51,28 +61,28 @@ class TopicSpec:
 
 
 RUNS_COMMANDS = TopicSpec(
-    name="runs.commands",
-    partitions=4,
+    name=f"{_PREFIX}runs.commands",
+    partitions=_KEYED_PARTITIONS,
     # Commands are requests, not the record: once decided, their effect lives in runs.events.
     config={"cleanup.policy": "delete", "retention.ms": _SEVEN_DAYS_MS},
     purpose="Commands for the Run aggregate, keyed by runId.",
 )
 RUNS_EVENTS = TopicSpec(
-    name="runs.events",
+    name=f"{_PREFIX}runs.events",
     partitions=RUNS_COMMANDS.partitions,
     # The system of record: never compacted (every version matters), never expired.
     config={"cleanup.policy": "delete", "retention.ms": _FOREVER, "retention.bytes": "-1"},
     purpose="Facts about Runs, keyed by runId, co-partitioned with runs.commands.",
 )
 RUNS_REJECTIONS = TopicSpec(
-    name="runs.rejections",
+    name=f"{_PREFIX}runs.rejections",
     partitions=RUNS_COMMANDS.partitions,
     # A rejection changes no aggregate; it only answers the caller and feeds audits.
     config={"cleanup.policy": "delete", "retention.ms": _THIRTY_DAYS_MS},
     purpose="Commands the Run processor refused, with a specific code, keyed by runId.",
 )
 DEADLETTER = TopicSpec(
-    name="tenure.deadletter",
+    name=f"{_PREFIX}tenure.deadletter",
     partitions=1,
     # Kept until an operator has looked: an undecodable record is evidence.
     config={"cleanup.policy": "delete", "retention.ms": _FOREVER},
@@ -80,7 +90,7 @@ DEADLETTER = TopicSpec(
 )
 
 POLICY = TopicSpec(
-    name="tenure.policy",
+    name=f"{_PREFIX}tenure.policy",
     partitions=1,
     # The latest block per subject is all that matters: compacted, kept forever.
     config={"cleanup.policy": "compact", "retention.ms": _FOREVER},
@@ -90,25 +100,25 @@ POLICY = TopicSpec(
 # A run's trajectory lives on its run's partition number (same partition count, same key, same
 # tenant-shard routing), so the saga of a run and its lease are owned side by side.
 TRAJECTORIES_COMMANDS = TopicSpec(
-    name="trajectories.commands",
+    name=f"{_PREFIX}trajectories.commands",
     partitions=RUNS_COMMANDS.partitions,
     config={"cleanup.policy": "delete", "retention.ms": _SEVEN_DAYS_MS},
     purpose="Commands for the Trajectory aggregate (the saga of a run), keyed by runId.",
 )
 TRAJECTORIES_EVENTS = TopicSpec(
-    name="trajectories.events",
+    name=f"{_PREFIX}trajectories.events",
     partitions=RUNS_COMMANDS.partitions,
     config={"cleanup.policy": "delete", "retention.ms": _FOREVER, "retention.bytes": "-1"},
     purpose="Facts about trajectories: steps, compensations, recovery decisions; keyed by runId.",
 )
 TRAJECTORIES_REJECTIONS = TopicSpec(
-    name="trajectories.rejections",
+    name=f"{_PREFIX}trajectories.rejections",
     partitions=RUNS_COMMANDS.partitions,
     config={"cleanup.policy": "delete", "retention.ms": _THIRTY_DAYS_MS},
     purpose="Trajectory commands the saga orchestrator refused (CommandRejected), keyed by runId.",
 )
 INCIDENTS = TopicSpec(
-    name="tenure.incidents",
+    name=f"{_PREFIX}tenure.incidents",
     partitions=1,
     # The out-of-band channel operators tail (REC-7): one partition keeps incidents in order.
     config={"cleanup.policy": "delete", "retention.ms": _FOREVER},
@@ -118,19 +128,19 @@ INCIDENTS = TopicSpec(
 # The semantic watchdog of a run (WD-1..WD-6) lives on its run's partition number too: its
 # observations, facts and refusals are co-partitioned with the run's trajectory.
 PROGRESS_OBSERVATIONS = TopicSpec(
-    name="progress.observations",
+    name=f"{_PREFIX}progress.observations",
     partitions=RUNS_COMMANDS.partitions,
     config={"cleanup.policy": "delete", "retention.ms": _SEVEN_DAYS_MS},
     purpose="Commands for the Watchdog aggregate: step observations (WD-1), rollback acks; keyed by runId.",
 )
 WATCHDOG_EVENTS = TopicSpec(
-    name="watchdog.events",
+    name=f"{_PREFIX}watchdog.events",
     partitions=RUNS_COMMANDS.partitions,
     config={"cleanup.policy": "delete", "retention.ms": _FOREVER, "retention.bytes": "-1"},
     purpose="Facts of the semantic watchdog: observations, detections and interventions; keyed by runId.",
 )
 WATCHDOG_REJECTIONS = TopicSpec(
-    name="watchdog.rejections",
+    name=f"{_PREFIX}watchdog.rejections",
     partitions=RUNS_COMMANDS.partitions,
     config={"cleanup.policy": "delete", "retention.ms": _THIRTY_DAYS_MS},
     purpose="Watchdog commands the semantic watchdog refused (CommandRejected), keyed by runId.",
@@ -140,19 +150,19 @@ WATCHDOG_REJECTIONS = TopicSpec(
 # stable hash of it (services.common.routing `partition_for_endpoint`), not by tenant shard:
 # a breaker protects the whole fleet, whatever run the calls belong to.
 BREAKERS_COMMANDS = TopicSpec(
-    name="breakers.commands",
-    partitions=4,
+    name=f"{_PREFIX}breakers.commands",
+    partitions=_KEYED_PARTITIONS,
     config={"cleanup.policy": "delete", "retention.ms": _SEVEN_DAYS_MS},
     purpose="Commands for the Breaker aggregate (outcomes, canaries, operator actions), keyed by endpoint.",
 )
 BREAKERS_EVENTS = TopicSpec(
-    name="breakers.events",
+    name=f"{_PREFIX}breakers.events",
     partitions=BREAKERS_COMMANDS.partitions,
     config={"cleanup.policy": "delete", "retention.ms": _FOREVER, "retention.bytes": "-1"},
     purpose="Facts of the circuit breakers: outcomes, openings, canaries, closings; keyed by endpoint.",
 )
 BREAKERS_REJECTIONS = TopicSpec(
-    name="breakers.rejections",
+    name=f"{_PREFIX}breakers.rejections",
     partitions=BREAKERS_COMMANDS.partitions,
     config={"cleanup.policy": "delete", "retention.ms": _THIRTY_DAYS_MS},
     purpose="Breaker commands the breaker processor refused (CommandRejected), keyed by endpoint.",
@@ -162,19 +172,19 @@ BREAKERS_REJECTIONS = TopicSpec(
 # partition number), a tenant's provenance graph by graph/<tenant> (a stable hash of it); both
 # aggregates are the quarantine processor's (services/quarantine).
 QUARANTINE_COMMANDS = TopicSpec(
-    name="quarantine.commands",
+    name=f"{_PREFIX}quarantine.commands",
     partitions=RUNS_COMMANDS.partitions,
     config={"cleanup.policy": "delete", "retention.ms": _SEVEN_DAYS_MS},
     purpose="Commands for quarantines (by runId) and provenance graphs (by graph/<tenant>).",
 )
 QUARANTINE_EVENTS = TopicSpec(
-    name="quarantine.events",
+    name=f"{_PREFIX}quarantine.events",
     partitions=QUARANTINE_COMMANDS.partitions,
     config={"cleanup.policy": "delete", "retention.ms": _FOREVER, "retention.bytes": "-1"},
     purpose="Facts of quarantines (triggers, stages, clearings) and of artifacts' envelopes and taint.",
 )
 QUARANTINE_REJECTIONS = TopicSpec(
-    name="quarantine.rejections",
+    name=f"{_PREFIX}quarantine.rejections",
     partitions=QUARANTINE_COMMANDS.partitions,
     config={"cleanup.policy": "delete", "retention.ms": _THIRTY_DAYS_MS},
     purpose="Quarantine commands the quarantine processor refused (CommandRejected), keyed by aggregate.",
@@ -183,19 +193,19 @@ QUARANTINE_REJECTIONS = TopicSpec(
 # Schedules (EXE-14), keyed by schedule id and routed by a stable hash of it (services.common.
 # routing `partition_for_schedule`); the runs they start go to runs.commands like any other.
 SCHEDULES_COMMANDS = TopicSpec(
-    name="schedules.commands",
-    partitions=4,
+    name=f"{_PREFIX}schedules.commands",
+    partitions=_KEYED_PARTITIONS,
     config={"cleanup.policy": "delete", "retention.ms": _SEVEN_DAYS_MS},
     purpose="Commands for the Schedule aggregate (create, update, pause, resume, trigger, run outcomes).",
 )
 SCHEDULES_EVENTS = TopicSpec(
-    name="schedules.events",
+    name=f"{_PREFIX}schedules.events",
     partitions=SCHEDULES_COMMANDS.partitions,
     config={"cleanup.policy": "delete", "retention.ms": _FOREVER, "retention.bytes": "-1"},
     purpose="Facts of schedules: definitions, pauses, firings decided, skipped, queued; by schedule id.",
 )
 SCHEDULES_REJECTIONS = TopicSpec(
-    name="schedules.rejections",
+    name=f"{_PREFIX}schedules.rejections",
     partitions=SCHEDULES_COMMANDS.partitions,
     config={"cleanup.policy": "delete", "retention.ms": _THIRTY_DAYS_MS},
     purpose="Schedule commands the schedules processor refused (CommandRejected), keyed by schedule id.",

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, Literal
 
-from services.common.kafka import InboundRecord, TopicFollower
+from services.common.kafka import InboundRecord, TopicFollower, resource_prefix
 from services.common.kafka._records import header_value
 from services.common.messages import MessageCodec, UndecodableRecord
 from services.common.settings import TenureSettings
@@ -22,6 +22,7 @@ from services.common.topics import (
     INCIDENTS,
     RUNS_EVENTS,
     RUNS_REJECTIONS,
+    TOPICS,
     TRAJECTORIES_EVENTS,
     TRAJECTORIES_REJECTIONS,
     WATCHDOG_EVENTS,
@@ -45,6 +46,7 @@ __all__ = [
     "add_parsers",
     "decode_for_humans",
     "replay",
+    "resolve_topic",
     "tail",
 ]
 
@@ -65,6 +67,15 @@ DEFAULT_TAIL_TOPICS = (
 DEFAULT_REPLAY_TOPIC = RUNS_EVENTS.name
 
 _TIME_FIELDS = ("occurredAt", "issuedAt")
+
+
+def resolve_topic(name: str) -> str:
+    """A catalog name as the operator knows it (`runs.events`) to this deployment's name
+    (`<TENURE_TOPIC_PREFIX>runs.events`); any other name is used as given."""
+    for spec in TOPICS:
+        if name == spec.name or spec.name == resource_prefix() + name:
+            return spec.name
+    return name
 
 
 def _iso(ms: int) -> str:
@@ -200,7 +211,7 @@ def _bootstrap(args: argparse.Namespace) -> str:
 
 def tail(args: argparse.Namespace) -> int:
     codec = MessageCodec()
-    topics = list(args.topics or DEFAULT_TAIL_TOPICS)
+    topics = [resolve_topic(t) for t in args.topics] if args.topics else list(DEFAULT_TAIL_TOPICS)
     keep = _record_filter(args)
     reader = _Reader(
         _bootstrap(args), topics, _offset_spec(args, "end"), args.partitions or [], "tenure-tail"
@@ -233,7 +244,7 @@ def tail(args: argparse.Namespace) -> int:
 def replay(args: argparse.Namespace) -> int:
     """The records of one topic from a start to the end as it was at start-up (or to --to), as
     JSON Lines (nested, as `tail --json` prints them), or as flat rows in CSV or Parquet."""
-    topic = args.topic or DEFAULT_REPLAY_TOPIC
+    topic = resolve_topic(args.topic) if args.topic else DEFAULT_REPLAY_TOPIC
     if args.from_offset is not None:
         spec = OffsetSpec("absolute", args.from_offset)
     elif args.from_time is not None:

@@ -5,8 +5,20 @@ writer for processors, an idempotent publisher for commands, and partition reade
 catch-up, projections, tailing and replay.
 """
 
-from services.common.kafka._admin import create_topics, describe_topics, wait_for_broker
-from services.common.kafka._errors import is_transient_kafka_error
+from services.common.kafka._admin import (
+    create_topics,
+    describe_topics,
+    partition_leaders,
+    topic_durability,
+    wait_for_broker,
+)
+from services.common.kafka._client_settings import (
+    KafkaClientConfig,
+    KafkaConfigError,
+    client_config,
+    resource_prefix,
+)
+from services.common.kafka._errors import KafkaAuthenticationError, is_transient_kafka_error
 from services.common.kafka._publisher import CommandPublisher
 from services.common.kafka._reader import PartitionReader, TopicFollower
 from services.common.kafka._records import InboundRecord, OutboundRecord
@@ -15,13 +27,20 @@ from services.common.kafka._transactional import TransactionalWriter, WriterFenc
 __all__ = [
     "CommandPublisher",
     "InboundRecord",
+    "KafkaAuthenticationError",
+    "KafkaClientConfig",
+    "KafkaConfigError",
     "OutboundRecord",
     "PartitionReader",
     "TopicFollower",
     "TransactionalWriter",
     "WriterFenced",
+    "client_config",
     "create_topics",
     "describe_topics",
     "is_transient_kafka_error",
+    "partition_leaders",
+    "resource_prefix",
+    "topic_durability",
     "wait_for_broker",
 ]

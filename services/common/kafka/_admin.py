@@ -7,41 +7,61 @@ from typing import Iterable
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._config import ConfigResource
+from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewTopic
 
 from services.common.backoff import Backoff
+from services.common.kafka._config import base_config
+from services.common.kafka._errors import AuthenticationWatch
+from services.common.settings import KafkaSettings
 from services.common.topics import TopicSpec
 
-__all__ = ["create_topics", "describe_topics", "wait_for_broker"]
+__all__ = ["create_topics", "describe_topics", "partition_leaders", "topic_durability", "wait_for_broker"]
 
 
-def _admin(bootstrap_servers: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap_servers, "client.id": "tenure-admin"})
+def _admin(bootstrap_servers: str, watch: AuthenticationWatch | None = None) -> AdminClient:
+    config = base_config(bootstrap_servers, "tenure-admin")
+    if watch is not None:
+        config["error_cb"] = watch
+    config.pop("partitioner")  # a producer property; the admin client warns about it
+    return AdminClient(config)
 
 
 def wait_for_broker(bootstrap_servers: str, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     last_error: Exception | None = None
-    admin = _admin(bootstrap_servers)
+    watch = AuthenticationWatch(bootstrap_servers)
+    admin = _admin(bootstrap_servers, watch)
     backoff = Backoff(base_s=0.05, cap_s=1.0)  # BRK-3: many processes start against one broker
     while time.monotonic() < deadline:
         try:
             admin.list_topics(timeout=2.0)
             return
         except KafkaException as exc:
+            watch.check(admin)  # refused credentials: say so now, not after the whole timeout
             last_error = exc
             time.sleep(min(backoff.next_delay(), max(0.0, deadline - time.monotonic())))
     raise TimeoutError(f"Kafka at {bootstrap_servers} did not answer in {timeout_s}s: {last_error}")
 
 
 def create_topics(
-    bootstrap_servers: str, specs: Iterable[TopicSpec], replication_factor: int = 1
+    bootstrap_servers: str,
+    specs: Iterable[TopicSpec],
+    replication_factor: int | None = None,
+    min_insync_replicas: int | None = None,
 ) -> dict[str, str]:
     """Create the missing topics; returns {name: "created" | "exists"}.
 
-    An existing topic with a different partition count is an error, not something to paper over:
-    co-partitioning of commands and events depends on it.
+    Replication factor and min.insync.replicas are the deployment's (TENURE_TOPIC_REPLICATION_FACTOR,
+    TENURE_TOPIC_MIN_INSYNC_REPLICAS) unless given. An existing topic with a different partition
+    count is an error, not something to paper over: co-partitioning of commands and events
+    depends on it.
     """
+    layout = KafkaSettings()
+    replication_factor = replication_factor or layout.topic_replication_factor
+    min_insync_replicas = min_insync_replicas or layout.topic_min_insync_replicas
+    durability = {"min.insync.replicas": str(min_insync_replicas)} if min_insync_replicas else {}
     admin = _admin(bootstrap_servers)
     specs = list(specs)
     existing = admin.list_topics(timeout=10.0).topics
@@ -62,7 +82,7 @@ def create_topics(
                     spec.name,
                     num_partitions=spec.partitions,
                     replication_factor=replication_factor,
-                    config=dict(spec.config),
+                    config={**dict(spec.config), **durability},
                 )
             )
     if to_create:
@@ -99,3 +119,28 @@ def describe_topics(bootstrap_servers: str) -> dict[str, int]:
     """{topic name: partition count} for every topic the broker knows."""
     topics = _admin(bootstrap_servers).list_topics(timeout=10.0).topics
     return {name: len(meta.partitions) for name, meta in topics.items()}
+
+
+def topic_durability(bootstrap_servers: str, names: Iterable[str]) -> dict[str, tuple[int, int, int]]:
+    """{topic: (replication factor, min.insync.replicas, smallest in-sync replica set now)}:
+    what an operator checks after `tenure topics create` on a production cluster."""
+    admin = _admin(bootstrap_servers)
+    names = list(names)
+    topics = admin.list_topics(timeout=10.0).topics
+    resources = [ConfigResource(ResourceType.TOPIC, n) for n in names]
+    out: dict[str, tuple[int, int, int]] = {}
+    for resource, future in admin.describe_configs(resources, request_timeout=10.0).items():
+        entries = future.result()
+        partitions = topics[resource.name].partitions.values()
+        out[resource.name] = (
+            min(len(p.replicas) for p in partitions),
+            int(entries["min.insync.replicas"].value),
+            min(len(p.isrs) for p in partitions),
+        )
+    return out
+
+
+def partition_leaders(bootstrap_servers: str, topic: str) -> dict[int, int]:
+    """{partition: node id of its leader (-1: none now)} of `topic`."""
+    meta = _admin(bootstrap_servers).list_topics(topic, timeout=10.0).topics[topic]
+    return {p: int(m.leader) for p, m in meta.partitions.items()}

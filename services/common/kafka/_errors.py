@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from confluent_kafka import KafkaError, KafkaException
 
-__all__ = ["is_transient_kafka_error"]
+__all__ = ["AuthenticationWatch", "KafkaAuthenticationError", "is_transient_kafka_error"]
 
 _TRANSIENT_CODES = frozenset(
     {
@@ -47,3 +47,40 @@ def is_transient_kafka_error(exc: BaseException) -> bool:
     if error.fatal():
         return False
     return bool(error.retriable() or error.txn_requires_abort() or error.code() in _TRANSIENT_CODES)
+
+
+class KafkaAuthenticationError(ConnectionError):
+    """The cluster refused this client's credentials (SASL) or certificate (TLS): no retry helps."""
+
+
+class AuthenticationWatch:
+    """An `error_cb` that remembers an authentication failure, so a metadata call that merely
+    timed out ("Broker transport failure") can be told apart from refused credentials at once,
+    instead of after every retry (`tenure topics`, `tenure tail` fail fast with the cause)."""
+
+    _CODES = frozenset({KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED, KafkaError._SSL})
+
+    def __init__(self, bootstrap_servers: str) -> None:
+        self._bootstrap = bootstrap_servers
+        self.failure: str | None = None
+
+    # A TLS handshake the broker ends with an alert (e.g. no or a bad client certificate) reaches
+    # the client as a transport error whose text is OpenSSL's.
+    _TLS_MARKERS = ("SSL routines", "SSL handshake failed", "certificate verify failed")
+
+    def __call__(self, error: KafkaError) -> None:
+        text = error.str()
+        if error.code() in self._CODES or any(marker in text for marker in self._TLS_MARKERS):
+            self.failure = text
+
+    def check(self, client: object) -> None:
+        """Deliver the client's pending error events, then raise if one was an authentication failure."""
+        poll = getattr(client, "poll", None)
+        if poll is not None:
+            poll(0)
+        if self.failure is not None:
+            # librdkafka's text names the mechanism and the broker, never the secret.
+            raise KafkaAuthenticationError(
+                f"Kafka at {self._bootstrap} refused the connection: {self.failure} "
+                "(check TENURE_KAFKA_CONFIG / TENURE_KAFKA_CONFIG_FILE)"
+            )

@@ -7,11 +7,12 @@ seen, and neither joins a consumer group: the caller keeps its own offsets next 
 from __future__ import annotations
 
 import time
-from typing import Iterator, Literal, Mapping
+from typing import Any, Iterator, Literal, Mapping
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
 
 from services.common.kafka._config import base_config, normalise_headers
+from services.common.kafka._errors import AuthenticationWatch
 from services.common.kafka._records import InboundRecord
 
 __all__ = ["PartitionReader", "TopicFollower"]
@@ -20,9 +21,15 @@ StartAt = Literal["beginning", "end"] | Mapping[int, int]
 
 
 def _consumer(
-    bootstrap_servers: str, client_id: str, eof: bool, isolation: str = "read_committed"
+    bootstrap_servers: str,
+    client_id: str,
+    eof: bool,
+    isolation: str = "read_committed",
+    watch: AuthenticationWatch | None = None,
 ) -> Consumer:
     config = base_config(bootstrap_servers, client_id)
+    if watch is not None:
+        config["error_cb"] = watch
     config.pop("partitioner")
     config.update(
         {
@@ -138,8 +145,9 @@ class TopicFollower:
         start_at: StartAt = "beginning",
         client_id: str = "tenure-follower",
     ) -> None:
-        self._consumer = _consumer(bootstrap_servers, client_id, eof=False)
-        metadata = self._consumer.list_topics(timeout=10.0).topics
+        watch = AuthenticationWatch(bootstrap_servers)
+        self._consumer = _consumer(bootstrap_servers, client_id, eof=False, watch=watch)
+        metadata = self._metadata(watch)
         assignment: list[TopicPartition] = []
         for topic in topics:
             if topic not in metadata or metadata[topic].error is not None:
@@ -147,6 +155,17 @@ class TopicFollower:
             for partition in sorted(metadata[topic].partitions):
                 assignment.append(TopicPartition(topic, partition, self._start(topic, partition, start_at)))
         self._consumer.assign(assignment)
+
+    def _metadata(self, watch: AuthenticationWatch, timeout_s: float = 10.0) -> Any:
+        # Short attempts, so refused credentials surface in about a second, not after 10.
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self._consumer.list_topics(timeout=1.0).topics
+            except KafkaException:
+                watch.check(self._consumer)
+                if time.monotonic() > deadline:
+                    raise
 
     def _start(self, topic: str, partition: int, start_at: StartAt) -> int:
         # Concrete offsets, not OFFSET_BEGINNING/OFFSET_END: librdkafka resolves the logical ones

@@ -27,6 +27,7 @@ from typing import Sequence
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from services.common.backoff import Backoff
+from services.common.kafka._client_settings import resource_prefix
 from services.common.kafka._config import base_config
 from services.common.kafka._records import OutboundRecord
 
@@ -56,7 +57,8 @@ class TransactionalWriter:
         config = base_config(bootstrap_servers, transactional_id)
         config.update(
             {
-                "transactional.id": transactional_id,
+                # Prefixed like the topics: deployments sharing a cluster never fence each other.
+                "transactional.id": resource_prefix() + transactional_id,
                 "enable.idempotence": True,
                 "acks": "all",
                 "linger.ms": 1,

@@ -34,8 +34,15 @@ import faust
 
 from services.common.backoff import Backoff
 from services.common.health import Check, StreamMetrics
-from services.common.kafka import InboundRecord, WriterFenced, is_transient_kafka_error
+from services.common.kafka import (
+    InboundRecord,
+    WriterFenced,
+    client_config,
+    is_transient_kafka_error,
+    resource_prefix,
+)
 from services.common.store import is_transient_store_error
+from services.common.streams._faust_client import faust_broker_url, faust_client_options
 
 __all__ = ["CommandStream", "Failure", "StreamSettings", "classify_failure"]
 
@@ -170,8 +177,10 @@ class CommandStream:
     def _build_app(self) -> faust.App:
         s = self._settings
         app = faust.App(
-            s.app_id,
-            broker=f"kafka://{s.bootstrap_servers}",
+            resource_prefix() + s.app_id,  # the consumer group: prefixed like the topics
+            # The operator's TLS/SASL/client id (TENURE_KAFKA_CONFIG, mapped to faust's names).
+            **faust_client_options(client_config()),
+            broker=faust_broker_url(s.bootstrap_servers),
             store="memory://",
             datadir=str(s.data_dir),
             # Topics are created by the catalog (services/common/topics.py), never by faust.
