@@ -18,6 +18,7 @@ One invocation, one broker, phases in this order (see bench/README.md, docs/benc
       succeeded so no lease timer of it outlives the step.
 
     PYTHONPATH=. python -m bench.leases [--runs 2000] [--heartbeat-seconds 8,4,2] [--duration 30]
+        [--batch 250]   (renew through POST /leases:renew, 250 leases a request: issue 16)
 
 A script, not a test: it measures and reports, it asserts nothing about speed.
 """
@@ -607,6 +608,73 @@ async def heartbeat_window(
     step.heartbeats.seconds = last_answer[0] - t0
 
 
+async def batch_window(
+    client: str, base_url: str, held: list[Held], step: StepResult, runners: int, batch: int
+) -> None:
+    """As heartbeat_window, but each simulated runner host renews its leases in batches of up
+    to `batch` (POST /leases:renew, issue 16): every lease still renews every H seconds, one
+    request carries `batch` of them, and the requests are spread evenly over H.
+
+    Each lease's ack latency is its request's; an accepted item counts as a "200", any other
+    item by its status and problem type ("item refused stale-epoch"), so the figures compare
+    with the single-heartbeat mode's lease for lease."""
+    clients = [CLIENTS[client](base_url, 8) for _ in range(runners)]
+    groups = [held[i : i + batch] for i in range(0, len(held), batch)]
+    loop = asyncio.get_running_loop()
+    interval, t0 = float(step.heartbeat_s), loop.time() + 0.5
+    end = t0 + step.duration_s
+    last_answer = [t0]
+
+    async def run(g: int, group: list[Held]) -> None:
+        http, slot = clients[g % runners], t0 + interval * g / len(groups)
+        due = slot
+        while due < end:
+            step.scheduled, due = step.scheduled + len(group), due + interval
+        while slot < end:
+            if (delay := slot - loop.time()) > 0:
+                await asyncio.sleep(delay)
+            sent, sent_wall_ms = loop.time(), time.time() * 1000
+            step.late_ms.extend([(sent - slot) * 1000] * len(group))
+            items = []
+            for lease in group:
+                lease.sequence += 1
+                items.append(
+                    {"attemptId": lease.attempt_id, "leaseEpoch": lease.epoch, "sequence": lease.sequence}
+                )
+            try:
+                status, answer = await http.call("POST", "/leases:renew", {"renewals": items})
+                key = answer_key(status, answer)
+            except TransportError as exc:
+                key, answer = f"0 {exc}", b""
+            done, done_wall_ms = loop.time(), time.time() * 1000
+            last_answer[0] = max(last_answer[0], done)
+            results = (parse(answer) or {}).get("results") if key == "200" else None
+            if not isinstance(results, list):
+                step.heartbeats.answers[key] += len(group)
+            else:
+                for item in results:
+                    if item.get("status") != "accepted":
+                        slug = str((item.get("problem") or {}).get("type", "")).rsplit("/", 1)[-1]
+                        step.heartbeats.answers[f"item {item.get('status')} {slug}".strip()] += 1
+                        continue
+                    step.heartbeats.answers["200"] += 1
+                    step.heartbeats.ok_ms.append((done - sent) * 1000)
+                    step.from_slot_ms.append((done - slot) * 1000)
+                    decided_ms = item.get("serverTime")
+                    if isinstance(decided_ms, int):
+                        step.to_decision_ms.append(decided_ms - sent_wall_ms)
+                        step.after_decision_ms.append(done_wall_ms - decided_ms)
+            slot += interval
+            while slot < loop.time() - interval:
+                slot += interval
+
+    try:
+        await asyncio.gather(*(run(g, group) for g, group in enumerate(groups)))
+    finally:
+        await asyncio.gather(*(c.close() for c in clients))
+    step.heartbeats.seconds = last_answer[0] - t0
+
+
 async def renewal_step(
     base_url: str,
     run_ids: list[str],
@@ -645,7 +713,10 @@ async def renewal_step(
 
         before, threads_before, t0 = cpu.snapshot(), cpu.threads.snapshot(), time.monotonic()
         expiry_task = asyncio.create_task(expiry_under_load())
-        await heartbeat_window(args.client, base_url, held, step, args.runners)
+        if args.batch:
+            await batch_window(args.client, base_url, held, step, args.runners, args.batch)
+        else:
+            await heartbeat_window(args.client, base_url, held, step, args.runners)
         cpu.measure(f"(r) {label}: renewals", before, time.monotonic() - t0)
         cpu.threads.measure(f"(r) {label}: renewals", threads_before, time.monotonic() - t0)
         step.expiry = await expiry_task
@@ -689,6 +760,7 @@ def render(
     cpu: MachineCpuMeter,
     submitted: int,
     submit_s: float,
+    batch: int = 0,
 ) -> str:
     produce_rate = raw.messages / raw.produce_s
     lines = [
@@ -706,6 +778,7 @@ def render(
         f"{logic.renewals / logic.seconds:,.0f}/s | - | "
         f"1/{produce_rate * logic.seconds / logic.renewals:,.0f} |",
     ]
+    batched = f" in batches of {batch} (POST /leases:renew)" if batch else ""
     for s in steps:
         c = s.claims
         lines.append(
@@ -713,7 +786,7 @@ def render(
             f"{c.seconds:.2f} | {c.count / c.seconds:,.0f}/s | {_lat(c.ok_ms)} | - |"
         )
         lines.append(
-            f"| (r) H={s.heartbeat_s}s | **renewals: {s.runs:,} runs, {s.offered:,.0f}/s offered**, "
+            f"| (r) H={s.heartbeat_s}s | **renewals: {s.runs:,} runs, {s.offered:,.0f}/s offered**{batched}, "
             f"ack latency of 200s | {s.acked:,} | {s.heartbeats.seconds:.2f} | "
             f"**{s.achieved:,.0f}/s** | **{_lat(s.heartbeats.ok_ms)}** | "
             f"1/{produce_rate / max(s.achieved, 1e-9):,.0f} |"
@@ -852,6 +925,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--concurrency", type=int, default=32, help="claims/reports in flight at once")
     parser.add_argument(
+        "--batch",
+        type=int,
+        default=0,
+        help="renew through POST /leases:renew, this many leases a request (1-500; 0: one "
+        "POST /attempts/{id}/heartbeat per lease)",
+    )
+    parser.add_argument(
         "--output",
         default="docs/benchmarks.md",
         help="markdown file whose section for this configuration is replaced or added ('-' writes nothing)",
@@ -859,6 +939,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--keep-temp", action="store_true", help="keep the temp dir (service logs, stores)")
     args = parser.parse_args(argv)
     args.steps = [int(h) for h in args.heartbeat_seconds.split(",") if h.strip()]
+    if not 0 <= args.batch <= 500:
+        parser.error("--batch: 0 to 500 leases a request")
     if not args.steps or min(args.steps) < 1 or max(args.steps) * 2 > LEASE_SECONDS:
         parser.error(f"--heartbeat-seconds: whole seconds from 1 to {LEASE_SECONDS // 2}")
     return args
@@ -1010,13 +1092,13 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             watch.close()
 
-        tables = render(raw, logic, idle, steps, cpu, total, submit_s)
+        tables = render(raw, logic, idle, steps, cpu, total, submit_s, args.batch)
         print(tables)
         ok = True
         key = (
             f"runs={args.runs} heartbeat-seconds={','.join(map(str, args.steps))} "
             f"duration={args.duration:g} runners={args.runners} expiry-runs={args.expiry_runs} "
-            f"client={args.client}"
+            f"client={args.client}" + (f" batch={args.batch}" if args.batch else "")
         )
         if args.output != "-":
             output = Path(args.output) if Path(args.output).is_absolute() else repo_root() / args.output

@@ -23,7 +23,7 @@ from typing import AsyncIterator, Callable
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from services.command_api.context import ApiContext, ApiDependencies, open_dependencies
+from services.command_api.context import RETRY_AFTER_S, ApiContext, ApiDependencies, open_dependencies
 from services.command_api.openapi_doc import install_openapi, operation_id
 from services.command_api.problems import CATALOG, ApiProblem, register_problem_handlers
 from services.command_api.routes_admin import admin_router
@@ -39,6 +39,7 @@ from services.command_api.routes_work import work_router
 from services.common.contracts.breakers import ENDPOINT_ID_PATTERN
 from services.common.http_guard import MAX_JSON_DEPTH, HttpGuard
 from services.common.ids import is_attempt_id, is_grant_id, is_incident_id, is_run_id
+from services.common.objectstore import ObjectStoreUnavailable
 from services.common.routing import RecordTooLarge
 from services.common.settings import TenureSettings
 
@@ -145,6 +146,18 @@ def create_app(open_deps: Callable[[], ApiDependencies], *, max_body_bytes: int 
         # A body under the HTTP limit can still make a command Kafka refuses (routing checks
         # before publishing): the client's to shrink, not an outage to retry.
         return CATALOG.response("payload-too-large", f"{exc}; nothing was recorded", request.url.path)
+
+    @app.exception_handler(ObjectStoreUnavailable)
+    async def on_object_store_unavailable(request: Request, exc: ObjectStoreUnavailable) -> JSONResponse:
+        # The artifact store (S3) is down or refusing: an outage to retry, never a 500.
+        return CATALOG.response(
+            "unavailable",
+            f"{exc}; retry after Retry-After seconds",
+            request.url.path,
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+            retryAfterSeconds=RETRY_AFTER_S,
+        )
+
     app.include_router(runs_router(ctx))
     app.include_router(leases_router(ctx))
     app.include_router(work_router(ctx))

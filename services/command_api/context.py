@@ -55,7 +55,7 @@ from services.common.decisions import (
 )
 from services.common.kafka import CommandPublisher, OutboundRecord
 from services.common.messages import MessageCodec
-from services.common.objectstore import FilesystemObjectStore, ObjectStore
+from services.common.objectstore import ObjectStore, open_object_store
 from services.common.policy import BlockList
 from services.common.routing import command_record, observation_record, trajectory_command_record
 from services.common.settings import TenureSettings
@@ -226,7 +226,7 @@ def open_dependencies(
         clock=SystemClock(),
         api_keys=api_keys,
         decision_timeout_s=decision_timeout_s,
-        objects=FilesystemObjectStore(artifacts_path),
+        objects=open_object_store(TenureSettings(), artifacts_path),  # filesystem unless S3
         blocks=BlockList(bootstrap_servers, client_id="tenure-api-policy"),
         trajectory_decisions=trajectory_decisions,
         watchdog_decisions=watchdog_decisions,

@@ -1,4 +1,5 @@
-"""Routes of the lease protocol: claim, heartbeat, terminal report, lease record, takeover.
+"""Routes of the lease protocol: claim, heartbeat, batch renewal, terminal report, lease record,
+takeover (the batch renewal, POST /leases:renew, is in lease_batch.py).
 
 Answers to claims and heartbeats come from the decision event itself (the coordinator's clock
 and expiry), not from the projection, so a renewal is acknowledged as soon as it is committed.
@@ -20,6 +21,7 @@ from services.command_api.context import (
     rejection_problem,
 )
 from services.command_api.idempotency import PRINCIPAL_FIELD, KeyedRequest, conflict_problem, differing_fields
+from services.command_api.lease_batch import add_batch_renewal
 from services.command_api.models import (
     ClaimRequest,
     HeartbeatRequest,
@@ -272,6 +274,8 @@ def leases_router(ctx: ApiContext) -> APIRouter:
         if isinstance(outcome, Rejected):
             return rejection_problem(outcome, request.url.path, **_ATTEMPT_OVERRIDES)
         return pending_response(outcome)
+
+    add_batch_renewal(router, ctx)  # POST /leases:renew, many heartbeats in one request
 
     @router.post(
         "/attempts/{attempt_id}/report", summary="Terminal report of an attempt, fenced like a heartbeat"

@@ -250,6 +250,27 @@ class TenureSettings(KafkaSettings):
         default="auto", description="auto/netns = own namespace + veth where possible; none = host network."
     )
 
+    # --- the artifact object store (EXE-15; services/common/objectstore): filesystem or S3 ---
+    object_store: Literal["filesystem", "s3"] = Field(
+        default="filesystem", description="Where artifacts live: <state dir>/artifacts, or an S3 bucket."
+    )
+    s3_bucket: str = Field(default="", max_length=63, description="The bucket (TENURE_OBJECT_STORE=s3).")
+    s3_endpoint_url: str = Field(
+        default="", max_length=2000, description="An S3-compatible server; empty = AWS's own endpoint."
+    )
+    s3_region: str = Field(default="", max_length=64, description="Empty = boto3's default chain.")
+    s3_access_key_id: str = Field(default="", description="Empty = boto3's default credential chain.")
+    s3_secret_access_key: SecretStr = Field(default=SecretStr(""), description="Never logged or shown.")
+    s3_session_token: SecretStr = Field(default=SecretStr(""), description="Temporary credentials only.")
+    s3_key_prefix: str = Field(
+        default="", max_length=200, description='Every object\'s name starts with it ("tenure/" ...).'
+    )
+    s3_addressing_style: Literal["auto", "path", "virtual"] = Field(
+        default="auto", description="auto = path style with an endpoint URL, virtual-hosted on AWS."
+    )
+    s3_timeout_s: float = Field(default=5.0, gt=0, le=60, description="Connect and read timeout per call.")
+    s3_max_attempts: int = Field(default=3, ge=1, le=10, description="Tries per call (boto3 standard).")
+
     def parsed_tenant_limits(self) -> dict[str, tuple[int, int]]:
         limits: dict[str, tuple[int, int]] = {}
         for item in filter(None, (p.strip() for p in self.tenant_limits.split(","))):

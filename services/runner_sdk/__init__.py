@@ -92,6 +92,7 @@ from services.runner_sdk.interventions import (
     InterventionInbox,
 )
 from services.runner_sdk.keeper import LeaseKeeper, StopRequest
+from services.runner_sdk.renewals import BATCH_RENEWAL_MAX, BatchRenewalResult
 from services.runner_sdk.trajectory import (
     IN_FLIGHT_STATUSES,
     LeaseLike,
@@ -109,6 +110,7 @@ from services.runner_sdk.watchdog import (
 )
 
 __all__ = [
+    "BATCH_RENEWAL_MAX",
     "DEADLOCK",
     "DEFAULT_IGNORED",
     "DEFAULT_JSON_FILES",
@@ -122,6 +124,7 @@ __all__ = [
     "TERMINAL_CERTAINTIES",
     "TRANSITIONS",
     "ActionTombstoned",
+    "BatchRenewalResult",
     "BreakerView",
     "Certainty",
     "CertaintyTracker",

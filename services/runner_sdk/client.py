@@ -41,6 +41,7 @@ from services.runner_sdk.errors import (
     UnexpectedResponse,
 )
 from services.runner_sdk.interventions import Intervention, as_inbox
+from services.runner_sdk.renewals import BATCH_RENEWAL_MAX, BatchRenewalResult, batch_results, renewal_item
 
 __all__ = [
     "REPORT_OUTCOMES",
@@ -227,6 +228,24 @@ class TenureClient:
         answer = self._post(
             "heartbeat", url, {"leaseEpoch": lease.epoch, "sequence": sequence}, timeout_s=timeout_s
         )
+        return self.renewal_answer(answer)
+
+    def renew_leases(
+        self, renewals: Sequence[tuple[Lease, int]], *, timeout_s: float | None = None
+    ) -> list[BatchRenewalResult]:
+        """POST /leases:renew: many leases (lease, sequence) renewed in one request each
+        BATCH_RENEWAL_MAX; one result per lease, in order (renewals.py). Raises TenureUnavailable
+        only when a whole request failed (Kafka took none of it, the API is unreachable)."""
+        results: list[BatchRenewalResult] = []
+        for start in range(0, len(renewals), BATCH_RENEWAL_MAX):
+            chunk = renewals[start : start + BATCH_RENEWAL_MAX]
+            body = {"renewals": [renewal_item(lease, sequence) for lease, sequence in chunk]}
+            answer = self._post("heartbeat", f"{self._api_url}/leases:renew", body, timeout_s=timeout_s)
+            results.extend(batch_results(answer, chunk, self.renewal_answer))
+        return results
+
+    def renewal_answer(self, answer: Mapping[str, Any]) -> RenewalAnswer:
+        """A heartbeat's answer (or an accepted item of a batch renewal) as a RenewalAnswer."""
         return RenewalAnswer(
             attempt_id=_field(answer, "attemptId", str),
             epoch=_int(answer, "epoch"),

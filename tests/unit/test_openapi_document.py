@@ -47,7 +47,7 @@ OPERATION_IDS = {
     "force_open_breaker", "get_breaker", "get_run", "get_schedule", "get_trajectory", "get_watchdog",
     "healthz", "heartbeat", "lease_record", "list_breakers", "list_incidents", "list_runs",
     "list_schedules", "listing", "observe", "patch_schedule", "pause_schedule", "propose_step",
-    "provide_input", "quarantine", "read_artifact", "read_quarantine", "readyz", "report",
+    "provide_input", "quarantine", "read_artifact", "read_quarantine", "readyz", "renew_leases", "report",
     "request_input", "reset_breaker", "resolve_incident", "resume_schedule", "retry_run", "stage",
     "start_trajectory", "submit_run", "suspicion", "takeover", "trigger_schedule", "unblock", "upload",
     "upload_grant",

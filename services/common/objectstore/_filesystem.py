@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import re
 import stat
@@ -32,6 +31,8 @@ from services.common.objectstore._store import (
     ObjectNotFound,
     StoredObject,
     check_manifest,
+    key_record_text,
+    parse_key_record,
     read_limited,
     same_or_refuse,
     validate_key,
@@ -83,7 +84,7 @@ class FilesystemObjectStore:
             return None
         except (OSError, UnicodeDecodeError) as exc:
             raise CorruptKeyRecord(f"key record {record} cannot be read: {exc}") from exc
-        return _parse_record(key, record, text)
+        return parse_key_record(key, str(record), text)
 
     def open(self, key: str) -> BinaryIO:
         stored = self.stat(key)
@@ -110,14 +111,8 @@ class FilesystemObjectStore:
         return self._key_dir / f"{key}.json"
 
     def _record_key(self, incoming: StoredObject) -> StoredObject:
-        record = {
-            "key": incoming.key,
-            "digest": incoming.digest,
-            "size_bytes": incoming.size_bytes,
-            "media_type": incoming.media_type,
-        }
         with self._temp_file("key-") as (out, temp_path):
-            out.write(json.dumps(record, ensure_ascii=False, sort_keys=True).encode("utf-8"))
+            out.write(key_record_text(incoming).encode("utf-8"))
             out.flush()
             os.fsync(out.fileno())
             out.close()
@@ -172,30 +167,6 @@ class FilesystemObjectStore:
         except FileNotFoundError:
             return None
         return DIGEST_PREFIX + hasher.hexdigest(), size
-
-
-def _parse_record(key: str, record: Path, text: str) -> StoredObject:
-    try:
-        fields = json.loads(text)
-        stored = StoredObject(
-            key=fields["key"],
-            digest=fields["digest"],
-            size_bytes=fields["size_bytes"],
-            media_type=fields["media_type"],
-        )
-    except (ValueError, TypeError, KeyError) as exc:
-        raise CorruptKeyRecord(f"key record {record} is not a valid record: {exc!r}") from exc
-    if (
-        stored.key != key
-        or not isinstance(stored.digest, str)
-        or _DIGEST.fullmatch(stored.digest) is None
-        or not isinstance(stored.size_bytes, int)
-        or isinstance(stored.size_bytes, bool)
-        or stored.size_bytes < 0
-        or not isinstance(stored.media_type, str)
-    ):
-        raise CorruptKeyRecord(f"key record {record} does not describe key {key!r}: {text[:200]!r}")
-    return stored
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -12,6 +12,8 @@ the in-memory twin cannot accept a key or an upload that the filesystem store wo
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
@@ -21,6 +23,7 @@ __all__ = [
     "DIGEST_PREFIX",
     "MAX_KEY_CHARS",
     "CorruptKeyRecord",
+    "CorruptObject",
     "InvalidKey",
     "InvalidMediaType",
     "KeyExists",
@@ -28,9 +31,12 @@ __all__ = [
     "ObjectNotFound",
     "ObjectStore",
     "ObjectStoreError",
+    "ObjectStoreUnavailable",
     "ObjectTooLarge",
     "StoredObject",
     "check_manifest",
+    "key_record_text",
+    "parse_key_record",
     "read_limited",
     "same_or_refuse",
     "sha256_digest",
@@ -44,6 +50,7 @@ MAX_KEY_CHARS = 512
 MAX_SEGMENT_BYTES = 250
 MAX_MEDIA_TYPE_CHARS = 255
 DIGEST_PREFIX = "sha256:"
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 class ObjectStoreError(Exception):
@@ -77,6 +84,18 @@ class ObjectNotFound(ObjectStoreError, LookupError):
 
 class CorruptKeyRecord(ObjectStoreError):
     """The record that maps a key to its digest cannot be read back."""
+
+
+class CorruptObject(ObjectNotFound):
+    """The bytes read back do not match the digest the key was stored with.
+
+    A kind of ObjectNotFound: the object as stored is gone, and damaged bytes are never served."""
+
+
+class ObjectStoreUnavailable(ObjectStoreError):
+    """The store could not be reached or did not answer (a remote store's outage, throttling,
+    refused credentials). Nothing is known about the object: an API answers 503 with
+    Retry-After, and a manifest check is not a verdict on the artifacts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +134,42 @@ class ObjectStore(Protocol):
         """Every problem with the entries against what is stored, including stored bytes that
         no longer match their digest; empty when all entries check out."""
         ...
+
+
+def key_record_text(stored: StoredObject) -> str:
+    """The key record both persistent stores write, byte for byte the same JSON."""
+    record = {
+        "key": stored.key,
+        "digest": stored.digest,
+        "size_bytes": stored.size_bytes,
+        "media_type": stored.media_type,
+    }
+    return json.dumps(record, ensure_ascii=False, sort_keys=True)
+
+
+def parse_key_record(key: str, where: str, text: str) -> StoredObject:
+    """The StoredObject a key record describes; CorruptKeyRecord unless it is `key`'s and sound."""
+    try:
+        fields = json.loads(text)
+        stored = StoredObject(
+            key=fields["key"],
+            digest=fields["digest"],
+            size_bytes=fields["size_bytes"],
+            media_type=fields["media_type"],
+        )
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CorruptKeyRecord(f"key record {where} is not a valid record: {exc!r}") from exc
+    if (
+        stored.key != key
+        or not isinstance(stored.digest, str)
+        or _DIGEST.fullmatch(stored.digest) is None
+        or not isinstance(stored.size_bytes, int)
+        or isinstance(stored.size_bytes, bool)
+        or stored.size_bytes < 0
+        or not isinstance(stored.media_type, str)
+    ):
+        raise CorruptKeyRecord(f"key record {where} does not describe key {key!r}: {text[:200]!r}")
+    return stored
 
 
 def sha256_digest(data: bytes) -> str:
@@ -210,7 +265,8 @@ def check_manifest(
 
     `rehash_blob(digest)` re-reads the stored bytes and returns their (digest, size), or None
     when the blob is gone. A manifest comes from a runner, so a bad key or an unreadable record
-    is reported as a problem of that artifact rather than raised.
+    is reported as a problem of that artifact rather than raised; ObjectStoreUnavailable is
+    raised, never reported, since a store that did not answer has not found anything wrong.
     """
     problems: list[str] = []
     rehashed: dict[str, tuple[str, int] | None] = {}
@@ -218,6 +274,8 @@ def check_manifest(
         label = f"artifact {entry.artifact_id}"
         try:
             stored = stat(entry.key)
+        except ObjectStoreUnavailable:
+            raise  # an outage says nothing about the artifact: no verdict, the caller answers 503
         except ObjectStoreError as exc:
             problems.append(f"{label}: {exc}")
             continue

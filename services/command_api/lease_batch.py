@@ -1,0 +1,270 @@
+"""Batch renewal (issue 16): a runner host renews every lease it holds in one request.
+
+`POST /leases:renew` takes up to MAX_BATCH_RENEWALS items {attemptId, leaseEpoch, sequence},
+each exactly what one `POST /attempts/{id}/heartbeat` carries, and answers 200 with one result
+per item, in the order given:
+
+* `"status": "accepted"`: the coordinator renewed the lease; `expiresAt`, `serverTime`,
+  `certainty`, `runStatus` and the stop flags (EXE-7/EXE-10), as the single heartbeat answers,
+  plus `watchdog` (WD-5), the pending intervention of the run, or null;
+* `"status": "replayed"`: the sequence was already used (a retried batch); nothing changed;
+* `"status": "refused"`: `problem` is the problem+json body the single heartbeat would have
+  answered with (`stale-epoch`, `unknown-attempt`, `not-lease-holder`, ...), status included;
+* `"status": "pending"`: the command is durable but was not decided within the deadline
+  (`commandId` to match later; sending the item again with the next sequence is safe);
+* `"status": "unavailable"`: Kafka did not take this item's command (`problem` says why);
+  the others were published. The answer also counts each status (`accepted`, `refused`, ...).
+
+Why one request is cheaper than N: the caller is authenticated once, the holder check reads
+every run's brief in one hop to a worker thread, all RenewLease commands are handed to the
+producer back to back in one synchronous loop (librdkafka carries them in the same produce
+batches), and all decisions are awaited together under the request's one deadline. Each item
+is still its own RenewLease command, fenced and decided exactly as a single heartbeat is
+(LEASE-3, LEASE-5), so the coordinator's safety rules are unchanged.
+
+What is refused as a whole (nothing is published): a body over TENURE_MAX_BODY_BYTES (413, the
+HTTP guard), more than MAX_BATCH_RENEWALS items, none, the same attemptId twice, or any item
+out of bounds (422 `validation-failed`, problem+json, as for every body model); a broker that
+acknowledged none of the commands (503 `unavailable`, Retry-After).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from concurrent.futures import Future
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import Field, model_validator
+
+from services.command_api.context import ApiContext
+from services.command_api.models import ApiBody, Identifier, PositiveLong
+from services.command_api.problems import CATALOG, REJECTION_PROBLEMS
+from services.common.contracts import RenewLease
+from services.common.contracts.ids import run_id_of_attempt
+from services.common.decisions import Decided, Decision, Rejected
+from services.common.routing import command_record
+
+__all__ = ["MAX_BATCH_RENEWALS", "BatchRenewalRequest", "RenewalItem", "add_batch_renewal"]
+
+# 500 leases per request: a host of 100,000 runs at a 20 s heartbeat sends 10 requests/s, and
+# the largest valid body (500 items of 200-character ids) stays far below the 1 MiB body limit.
+MAX_BATCH_RENEWALS = 500
+_ATTEMPT_OVERRIDES = {"RUN_NOT_FOUND": "unknown-attempt"}
+_STATUSES = ("accepted", "replayed", "refused", "pending", "unavailable")
+
+
+class RenewalItem(ApiBody):
+    attemptId: Identifier = Field(min_length=1, max_length=200)
+    leaseEpoch: PositiveLong = Field(description="The lease's fencing epoch (LEASE-3).")
+    sequence: PositiveLong = Field(description="Strictly increasing per attempt; a repeat is idempotent.")
+
+
+class BatchRenewalRequest(ApiBody):
+    renewals: list[RenewalItem] = Field(min_length=1, max_length=MAX_BATCH_RENEWALS)
+
+    @model_validator(mode="after")
+    def _one_item_per_attempt(self) -> BatchRenewalRequest:
+        seen: set[str] = set()
+        for item in self.renewals:
+            if item.attemptId in seen:
+                raise ValueError(f"attempt {item.attemptId[:80]!r} appears twice; renew each lease once")
+            seen.add(item.attemptId)
+        return self
+
+
+def _refused(item: RenewalItem, slug: str, detail: str, path: str, **extensions: Any) -> dict[str, Any]:
+    return {
+        "attemptId": item.attemptId,
+        "status": "refused",
+        "problem": CATALOG.body(slug, detail, path, **extensions),
+    }
+
+
+def _read_all(read: Any, run_ids: list[str]) -> dict[str, dict[str, Any] | None]:
+    """One hop to a worker thread for many small reads (a brief per run)."""
+    return {run_id: read(run_id) for run_id in dict.fromkeys(run_ids)}
+
+
+def _watchdog_briefs(ctx: ApiContext, run_ids: list[str]) -> dict[str, dict[str, Any] | None]:
+    out: dict[str, dict[str, Any] | None] = {}
+    for run_id in dict.fromkeys(run_ids):
+        try:
+            out[run_id] = ctx.deps.views.watchdog_brief(run_id)
+        except Exception:  # delivery never fails the answer it rides on (watchdog_delivery.py)
+            out[run_id] = None
+    return out
+
+
+def add_batch_renewal(router: APIRouter, ctx: ApiContext) -> None:
+    @router.post(
+        "/leases:renew",
+        summary="Renew many leases in one request (issue 16; EXE-4, LEASE-5)",
+        description=__doc__,
+        name="renew_leases",
+    )
+    async def renew_many(body: BatchRenewalRequest, request: Request) -> Any:
+        who = ctx.principal(request)
+        path = request.url.path
+        items = body.renewals
+        results: list[dict[str, Any] | None] = [None] * len(items)
+        run_of: dict[int, str] = {}
+        for index, item in enumerate(items):
+            run_id = run_id_of_attempt(item.attemptId)
+            if run_id is None:
+                results[index] = _refused(
+                    item,
+                    "unknown-attempt",
+                    f"{item.attemptId[:80]!r} is not an attempt id this coordinator issued",
+                    path,
+                )
+            else:
+                run_of[index] = run_id
+        briefs = await ctx.in_thread("the run views", _read_all, ctx.deps.views.brief, list(run_of.values()))
+        # LEASE-1, as check_holder: knowing an attempt id is not enough to renew its lease.
+        for index, run_id in list(run_of.items()):
+            brief = briefs.get(run_id)
+            holder = (brief or {}).get("holders", {}).get(items[index].attemptId)
+            if holder and holder != who.name:
+                lease_id = brief["leaseIds"][items[index].attemptId] if brief else "?"
+                results[index] = _refused(
+                    items[index],
+                    "not-lease-holder",
+                    f"{who.name} does not hold lease {lease_id}",
+                    path,
+                    runId=run_id,
+                )
+                del run_of[index]
+        commands = {
+            index: RenewLease(
+                command_id=f"cmd_{uuid.uuid4().hex}",  # each request its own command, as a heartbeat
+                run_id=run_id,
+                issued_at=ctx.deps.clock.now_ms(),
+                correlation_id=items[index].attemptId,
+                actor=who.name,
+                attempt_id=items[index].attemptId,
+                lease_epoch=items[index].leaseEpoch,
+                sequence=items[index].sequence,
+            )
+            for index, run_id in run_of.items()
+        }
+        decisions = await _publish_all(ctx, commands)
+        watchdog = await ctx.in_thread(
+            "the watchdog views",
+            _watchdog_briefs,
+            ctx,
+            [run_of[i] for i, d in decisions.items() if isinstance(d, Decided)],
+        )
+        for index, decision in decisions.items():
+            item, run_id = items[index], run_of[index]
+            results[index] = _result(
+                item, run_id, commands[index], decision, briefs.get(run_id), watchdog, path
+            )
+        answered = [r for r in results if r is not None]
+        counts = {s: sum(1 for r in answered if r["status"] == s) for s in _STATUSES}
+        return {"results": answered, **counts}
+
+
+async def _publish_all(ctx: ApiContext, commands: dict[int, RenewLease]) -> dict[int, Decision | str | None]:
+    """Every command published back to back, then every decision awaited under one deadline.
+
+    An item is a Decision, None (durable, undecided in time) or why it is not durable (str).
+    No command acknowledged at all is an outage of the whole request: 503 Retry-After."""
+    if not commands:
+        return {}
+    d = ctx.deps
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + ctx.remaining()
+    waiting = {index: d.decisions.register(c.command_id) for index, c in commands.items()}
+    try:
+        produced: dict[int, Future[int] | str] = {}
+        for index, command in commands.items():  # no await in between: one produce burst
+            try:
+                produced[index] = d.publisher.publish(command_record(d.codec, command))
+            except BufferError:
+                produced[index] = "the producer's queue is full; not sent"
+            except Exception as exc:
+                produced[index] = f"Kafka refused the command: {exc}"
+        acks = {
+            i: asyncio.shield(asyncio.wrap_future(f)) for i, f in produced.items() if not isinstance(f, str)
+        }
+        if acks:
+            await asyncio.wait(acks.values(), timeout=max(0.0, deadline - loop.time()))
+        outcome: dict[int, Decision | str | None] = {}
+        for index, ack in acks.items():
+            if not ack.done():
+                outcome[index] = "Kafka did not acknowledge it in time; it may still be recorded"
+            elif ack.exception() is not None:
+                outcome[index] = f"Kafka did not take it: {ack.exception()}"
+        for index, failure in produced.items():
+            if isinstance(failure, str):
+                outcome[index] = failure
+        if len(outcome) == len(commands):
+            raise ctx.unavailable(
+                "Kafka acknowledged none of the renewals; sending the same batch again is safe "
+                "(a repeated sequence is answered as a replay)"
+            )
+        durable = {i: waiting[i] for i in commands if i not in outcome}
+        await asyncio.wait(durable.values(), timeout=max(0.0, deadline - loop.time()))
+        for index, future in durable.items():
+            outcome[index] = future.result() if future.done() else None
+        return outcome
+    finally:
+        for index, future in waiting.items():
+            if not future.done():
+                d.decisions.forget(commands[index].command_id, future)
+
+
+def _result(
+    item: RenewalItem,
+    run_id: str,
+    command: RenewLease,
+    decision: Decision | str | None,
+    brief: dict[str, Any] | None,
+    watchdog: dict[str, dict[str, Any] | None],
+    path: str,
+) -> dict[str, Any]:
+    base = {"attemptId": item.attemptId, "epoch": item.leaseEpoch, "sequence": item.sequence}
+    if isinstance(decision, Decided):
+        event = decision.event
+        before = brief or {}
+        stop = before.get("stop") or {}
+        pending = (watchdog.get(run_id) or {}).get("pendingIntervention")
+        return {
+            **base,
+            "status": "accepted",
+            "expiresAt": getattr(event, "expires_at", None),
+            "serverTime": event.occurred_at,
+            "certainty": "active",
+            "runStatus": "running"
+            if getattr(event, "run_started", False)
+            else before.get("status", "running"),
+            "stopRequested": before.get("status") == "cancelling",
+            "stopKind": stop.get("kind"),
+            "stopGraceUntil": stop.get("graceUntil"),
+            "watchdog": dict(pending) if isinstance(pending, dict) else None,
+        }
+    if isinstance(decision, Rejected) and decision.rejection.code == "DUPLICATE_SEQUENCE":
+        return {**base, "status": "replayed", "serverTime": decision.rejection.occurred_at}
+    if isinstance(decision, Rejected):
+        r = decision.rejection
+        slug = _ATTEMPT_OVERRIDES.get(r.code) or REJECTION_PROBLEMS.get(r.code, "command-rejected")
+        return _refused(
+            item,
+            slug,
+            r.detail,
+            path,
+            code=r.code,
+            runId=r.run_id,
+            currentStatus=r.current_status,
+            commandId=r.causation_id,
+        )
+    if isinstance(decision, str):
+        return {
+            **base,
+            "status": "unavailable",
+            "problem": CATALOG.body("unavailable", f"{decision}; send it again", path),
+            "commandId": command.command_id,
+        }
+    return {**base, "status": "pending", "commandId": command.command_id}
