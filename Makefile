@@ -18,6 +18,8 @@ help:
 	@echo "make bench-breakers - retry herd, fail-fast latency, breaker propagation (issue 13, BRK-2/BRK-3)"
 	@echo "make bench-schedules - 10,000 every-minute schedules: firing lag and CPU (issue 15, EXE-14)"
 	@echo "make bench-runner-host - managed runner host: trigger -> frozen, trigger -> severed (issue 14, QUA-3)"
+	@echo "make browser-deps - Debian's chromium + chromium-driver for the console's browser tests (make test runs it)"
+	@echo "make console-screenshots - the web console's main pages into docs/console/*.png (issue 17)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +35,7 @@ kafka: $(STAMP)
 run: kafka
 	$(BIN)/tenure up
 
-test: kafka
+test: kafka browser-deps
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
@@ -110,3 +112,21 @@ SCHEDULES_ARGS ?= --schedules 10000 --minutes 3
 .PHONY: bench-schedules
 bench-schedules: kafka
 	$(BIN)/python -m bench.schedules $(SCHEDULES_ARGS)
+
+# The web console's browser tests (issue 17) drive Debian's headless Chromium through selenium:
+# apt installs chromium and chromium-driver once (skipped when both are already on PATH; the
+# tests point selenium at /usr/bin/chromium and /usr/bin/chromedriver, never a download).
+.PHONY: browser-deps
+browser-deps:
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then \
+		echo "browser-deps: chromium and chromedriver are installed"; \
+	else \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends chromium chromium-driver; \
+	fi
+
+# The console's screenshots in docs/console/ (issue 17): the browser tests' scene, as an operator.
+.PHONY: console-screenshots
+console-screenshots: $(STAMP) browser-deps
+	$(BIN)/python -m tests.browser.screenshots --out docs/console

@@ -23,6 +23,7 @@ from typing import AsyncIterator, Callable
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from services.command_api.console import console_router
 from services.command_api.context import RETRY_AFTER_S, ApiContext, ApiDependencies, open_dependencies
 from services.command_api.openapi_doc import install_openapi, operation_id
 from services.command_api.problems import CATALOG, ApiProblem, register_problem_handlers
@@ -168,6 +169,7 @@ def create_app(open_deps: Callable[[], ApiDependencies], *, max_body_bytes: int 
     app.include_router(schedules_router(ctx))
     app.include_router(quarantine_router(ctx))
     app.include_router(artifacts_router(ctx))
+    app.include_router(console_router(ctx))  # the web console at /ui (issue 17)
     install_openapi(app, CATALOG, PUBLIC_PATHS)
     app.add_middleware(
         HttpGuard,
