@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -31,6 +32,7 @@ __all__ = [
     "call",
     "duration",
     "open_client",
+    "output_format",
     "rfc3339",
     "show",
     "table",
@@ -46,6 +48,52 @@ def open_client(base_url: str, timeout_s: float) -> httpx.Client:
     return httpx.Client(base_url=base_url, timeout=timeout_s)
 
 
+def output_format(text: str) -> str:
+    """An `-o` value: one of OUTPUTS, or `jsonpath=` with a path such as `{.lease.attemptId}`."""
+    if text in OUTPUTS:
+        return text
+    if text.startswith("jsonpath="):
+        _path_steps(text.removeprefix("jsonpath="))  # refuses a malformed path now, not later
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r}: use {', '.join(OUTPUTS)} or jsonpath={{.field}}")
+
+
+_STEP = re.compile(r"([^.\[\]]+)|\[(\d{1,9})\]")
+
+
+def _path_steps(expression: str) -> list[str | int]:
+    """`{.items[0].runId}` (kubectl's braces and leading dot optional) as keys and indexes."""
+    body = expression.strip()
+    if body.startswith("{") and body.endswith("}"):
+        body = body[1:-1]
+    body = body.removeprefix(".")
+    steps: list[str | int] = []
+    at = 0
+    while at < len(body):
+        if body[at] == ".":
+            at += 1
+            continue
+        match = _STEP.match(body, at)
+        if match is None:
+            raise argparse.ArgumentTypeError(f"jsonpath {expression!r}: cannot read it at {body[at:]!r}")
+        steps.append(match.group(1) if match.group(1) is not None else int(match.group(2)))
+        at = match.end()
+    if not steps:
+        raise argparse.ArgumentTypeError(f"jsonpath {expression!r} names no field")
+    return steps
+
+
+def _at_path(body: Any, steps: list[str | int]) -> Any:
+    value = body
+    for step in steps:
+        indexed = isinstance(step, int) and isinstance(value, list) and step < len(value)
+        keyed = isinstance(step, str) and isinstance(value, Mapping) and step in value
+        if not (indexed or keyed):
+            return None
+        value = value[step]
+    return value
+
+
 def add_api_options(parser: argparse.ArgumentParser, top: bool) -> None:
     """`-o`, `--api` and `--api-key`, accepted on a resource and on each of its verbs.
 
@@ -53,7 +101,11 @@ def add_api_options(parser: argparse.ArgumentParser, top: bool) -> None:
     so a verb's parser never overwrites what the top level parsed."""
     default: Any = argparse.SUPPRESS
     parser.add_argument(
-        "-o", "--output", choices=OUTPUTS, default="table" if top else default, help="output format"
+        "-o",
+        "--output",
+        type=output_format,
+        default="table" if top else default,
+        help="table, json, yaml, name, or jsonpath={.field.sub[0]} (one value per line)",
     )
     parser.add_argument(
         "--api",
@@ -115,6 +167,11 @@ def show(args: argparse.Namespace, body: Any, render: Callable[[Any], str]) -> i
         print(json.dumps(body, indent=2))
     elif output == "yaml":
         print(yaml.safe_dump(body, sort_keys=False, allow_unicode=True).rstrip())
+    elif output.startswith("jsonpath="):
+        value = _at_path(body, _path_steps(output.removeprefix("jsonpath=")))
+        if value is None:
+            raise RuntimeError(f"{output}: the answer has no such field")
+        print(value if isinstance(value, str | int | float) else json.dumps(value))
     elif output == "name":
         items = body.get("items") if isinstance(body, Mapping) and "items" in body else [body]
         for item in items or []:

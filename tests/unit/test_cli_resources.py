@@ -246,3 +246,24 @@ def test_runs_submit_is_idempotent_by_its_key_and_prints_the_run_id_with_o_name(
     assert code == 0 and out.strip() != run_id and "Idempotency-Key: " in err
     code, _, err = run_cli(capsys, "runs", "submit", "--tenant", "acme", "--spec", "[1]", "--timeout", "9")
     assert code == 1 and "--spec must be a JSON object" in err
+
+
+def test_output_jsonpath_prints_one_field_the_way_kubectl_does(
+    api: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    client, _ = api
+    run_id = _submit(client, "jp")
+    grant = _claim(client, run_id)
+    show = ("lease", "show", run_id, "--api-key", "rita-key", "-o")
+    code, out, _ = run_cli(capsys, *show, "jsonpath={.lease.attemptId}")
+    assert code == 0 and out.strip() == grant["attemptId"]
+    code, out, _ = run_cli(capsys, *show, "jsonpath=lease.epoch")
+    assert code == 0 and out.strip() == "1"
+    code, out, _ = run_cli(
+        capsys, "runs", "list", "--api-key", "rita-key", "-o", "jsonpath={.items[0].runId}"
+    )
+    assert code == 0 and out.strip() == run_id
+    code, _, err = run_cli(capsys, *show, "jsonpath={.lease.nothing}")
+    assert code == 1 and "no such field" in err
+    with pytest.raises(SystemExit):  # refused while parsing, before any request
+        run_cli(capsys, *show, "jsonpath={.lease[}")
