@@ -7,9 +7,16 @@ only committed records of one partition, from an offset to the end as of the cal
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from typing import Iterator, Protocol, Sequence
 
-from services.common.kafka import InboundRecord, OutboundRecord, PartitionReader, TransactionalWriter
+from services.common.kafka import (
+    GroupFence,
+    InboundRecord,
+    OutboundRecord,
+    PartitionReader,
+    TransactionalWriter,
+)
 
 __all__ = ["EventLog", "KafkaEventLog", "MemoryEventLog"]
 
@@ -28,9 +35,14 @@ class KafkaEventLog:
     def __init__(self, bootstrap_servers: str, transactional_id: str) -> None:
         self._writer = TransactionalWriter(bootstrap_servers, transactional_id)
         self._reader = PartitionReader(bootstrap_servers, client_id=f"{transactional_id}-restore")
+        # The consumer-group generation the calling thread decides under (set by the process
+        # once its stream exists, services/common/process.py): every transaction carries it, so
+        # an instance that lost its partitions in a rebalance cannot commit (issue 16).
+        self.fence: Callable[[], GroupFence | None] | None = None
 
     def commit(self, records: Sequence[OutboundRecord]) -> dict[tuple[str, int], int]:
-        return self._writer.commit(records)
+        fence = self.fence() if self.fence is not None else None
+        return self._writer.commit(records, fence=fence)
 
     def read(self, topic: str, partition: int, start_offset: int) -> Iterator[InboundRecord]:
         return self._reader.read(topic, partition, start_offset)

@@ -249,6 +249,13 @@ class TenureSettings(KafkaSettings):
     runner_host_network: Literal["auto", "netns", "none"] = Field(
         default="auto", description="auto/netns = own namespace + veth where possible; none = host network."
     )
+    # --- several instances of one processor (issue 16; services/common/process.py) ---
+    instance_port_stride: int = Field(
+        default=100,
+        ge=0,
+        le=1000,
+        description="A numeric TENURE_INSTANCE_ID n serves health on its port + n * stride (0 = same port).",
+    )
 
     # --- the artifact object store (EXE-15; services/common/objectstore): filesystem or S3 ---
     object_store: Literal["filesystem", "s3"] = Field(

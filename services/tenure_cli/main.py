@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from services.tenure_cli import breakers, resources, schedules, supervisor, topic_tools
+from services.tenure_cli.instances import SCALABLE, parse_instances
 
 __all__ = ["build_parser", "main"]
 
@@ -35,6 +36,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=3600.0,
         help="seconds the runner host waits for RUN_ID to be submitted (default 3600)",
     )
+    # Several instances of the consumer-group processors (issue 16): "3", "coordinator=3,saga=2".
+    up.add_argument(
+        "--instances",
+        default=None,
+        type=_instances,
+        metavar="N|SERVICE=N,...",
+        help="run N instances of each scalable processor "
+        f"({', '.join(SCALABLE)}), or per service: coordinator=3,saga=2 (default 1)",
+    )
     up.set_defaults(func=supervisor.up)
 
     broker = sub.add_parser("broker", help="the bundled Kafka broker (fetch/start/stop/status/run)")
@@ -54,6 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
     breakers.add_parser(sub)
     schedules.add_parser(sub)
     return parser
+
+
+def _instances(text: str) -> str:
+    """Checked when the command line is parsed, so a typo is a usage error before anything starts."""
+    try:
+        parse_instances(text, supervisor.SERVICES)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--instances: ")) from None
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:

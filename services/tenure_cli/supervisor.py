@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from services.common import broker as launcher
@@ -38,9 +39,10 @@ from services.common.topics import TOPICS
 from services.projections.service import rebuild as rebuild_views
 from services.projections.service import views_path
 from services.projections.store import RunViewStore
+from services.tenure_cli.instances import SCALABLE, parse_instances, plan_instances
 from services.tenure_cli.readiness import PROBE_INTERVAL_S, ReadinessCheck, probe_host
 
-__all__ = ["SERVICES", "StoreInUse", "broker", "rebuild", "store_in_use", "topics", "up"]
+__all__ = ["SCALABLE", "SERVICES", "StoreInUse", "broker", "rebuild", "store_in_use", "topics", "up"]
 
 SERVICES = (
     ("lease-coordinator", "services.lease_coordinator"),
@@ -427,7 +429,20 @@ def up(args: argparse.Namespace) -> int:
             overrides["TENURE_GATEWAY_URL"] = f"http://127.0.0.1:{settings.gateway_port}"
         env = child_environment(**overrides)
         checks = _checks(settings, port)
-        services = [_Service(name, module, checks[name], env) for name, module in SERVICES]
+        host = probe_host(settings.api_host)
+        services: list[_Service] = []
+        counts = parse_instances(getattr(args, "instances", None), SERVICES)
+        plans = plan_instances(SERVICES, settings, counts)
+        for plan in plans:
+            check, child_env = checks[plan.service], env
+            if plan.instance_id is not None:
+                child_env = {**env, "TENURE_INSTANCE_ID": plan.instance_id}
+                url = f"http://{host}:{plan.health_port}" if plan.health_port else None
+                check = ReadinessCheck(url, check.optional_endpoint, check.files)
+            services.append(_Service(plan.name, plan.module, check, child_env))
+        scaled = Counter(p.service for p in plans if p.instance_id is not None)
+        if scaled:
+            print("instances: " + ", ".join(f"{name} x{n}" for name, n in scaled.items()), flush=True)
         first = [s for s in services if s.name in STARTED_BEFORE_THE_REST]
         for service in first:
             supervisor.launch(service)

@@ -148,8 +148,8 @@ class SagaRunner:
 
     # --- runs and leases ------------------------------------------------------------------------
 
-    def claim_new_run(self, key: str, lease_seconds: int = 600) -> Lease:
-        submit = submit_command("acme", key)
+    def claim_new_run(self, key: str, lease_seconds: int = 600, tenant: str = "acme") -> Lease:
+        submit = submit_command(tenant, key)
         self._publisher.publish(command_record(self._codec, submit)).result(10)
         claim = ClaimRun(
             command_id=derived_id("cmd", submit.run_id, "claim", key),

@@ -19,6 +19,7 @@ from services.common.kafka._client_settings import (
     resource_prefix,
 )
 from services.common.kafka._errors import KafkaAuthenticationError, is_transient_kafka_error
+from services.common.kafka._group import GroupFence, committed_offsets
 from services.common.kafka._publisher import CommandPublisher
 from services.common.kafka._reader import PartitionReader, TopicFollower
 from services.common.kafka._records import InboundRecord, OutboundRecord
@@ -26,6 +27,7 @@ from services.common.kafka._transactional import TransactionalWriter, WriterFenc
 
 __all__ = [
     "CommandPublisher",
+    "GroupFence",
     "InboundRecord",
     "KafkaAuthenticationError",
     "KafkaClientConfig",
@@ -36,6 +38,7 @@ __all__ = [
     "TransactionalWriter",
     "WriterFenced",
     "client_config",
+    "committed_offsets",
     "create_topics",
     "describe_topics",
     "is_transient_kafka_error",

@@ -29,6 +29,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from services.common.backoff import Backoff
 from services.common.kafka._client_settings import resource_prefix
 from services.common.kafka._config import base_config
+from services.common.kafka._group import GROUP_FENCED_CODES, GroupFence
 from services.common.kafka._records import OutboundRecord
 
 # librdkafka's RD_KAFKA_PARTITION_UA: let the configured partitioner choose by key.
@@ -76,8 +77,14 @@ class TransactionalWriter:
         self._producer = Producer(config)
         self._producer.init_transactions(init_timeout_s)
 
-    def commit(self, records: Sequence[OutboundRecord]) -> dict[tuple[str, int], int]:
-        """Write `records` in one transaction; returns the last offset written per partition."""
+    def commit(
+        self, records: Sequence[OutboundRecord], *, fence: GroupFence | None = None
+    ) -> dict[tuple[str, int], int]:
+        """Write `records` in one transaction; returns the last offset written per partition.
+
+        With a `fence`, its command offsets are committed in the same transaction under its
+        group generation: a member the group has moved on from is refused (WriterFenced), and
+        nothing of the transaction becomes visible (services/common/kafka/_group.py)."""
         if not records:
             return {}
         if self._unresolved is not None:
@@ -107,6 +114,8 @@ class TransactionalWriter:
             if failures:
                 # The first delivery's own error: its code tells a broker away from a bad record.
                 raise KafkaException(failures[0])
+            if fence is not None and fence.offsets:
+                self._send_offsets(fence)
         except BaseException:
             self._resolve(self._producer.abort_transaction)
             raise
@@ -137,6 +146,21 @@ class TransactionalWriter:
                 raise
             self._unresolved = None
             return
+
+    def _send_offsets(self, fence: GroupFence) -> None:
+        try:
+            self._producer.send_offsets_to_transaction(
+                fence.positions(), fence.metadata(), self._retry_budget_s
+            )
+        except KafkaException as exc:
+            error = _error_of(exc)
+            if error is not None and error.name() in GROUP_FENCED_CODES:
+                raise WriterFenced(
+                    f"generation {fence.generation} of group {fence.group_id} is over ({error.name()}): "
+                    "these partitions have another owner"
+                ) from exc
+            _raise_if_fenced(error, exc)
+            raise
 
     def _call(self, call: Callable[[], None]) -> None:
         try:

@@ -24,6 +24,7 @@ import asyncio
 import enum
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ import faust
 from services.common.backoff import Backoff
 from services.common.health import Check, StreamMetrics
 from services.common.kafka import (
+    GroupFence,
     InboundRecord,
     WriterFenced,
     client_config,
@@ -154,6 +156,7 @@ class CommandStream:
         on_tick: Callable[[], object] | None = None,
         *,
         restored: Callable[[], frozenset[int]] | None = None,
+        committed: Callable[[set[int]], dict[int, int]] | None = None,
         metrics: StreamMetrics | None = None,
         classify: Callable[[BaseException], Failure] = classify_failure,
         sleep: Callable[[float], None] = time.sleep,
@@ -165,6 +168,7 @@ class CommandStream:
         self._on_assigned = on_assigned
         self._on_tick = on_tick
         self._restored = restored
+        self._committed = committed
         self._metrics = metrics or StreamMetrics(settings.app_id)
         self._classify = classify
         self._sleep = sleep
@@ -172,6 +176,15 @@ class CommandStream:
         self._retrying = {w: _Retrying(w, settings, self._metrics) for w in ("batch", "tick")}
         # None until the group assigns partitions (and again during a rebalance).
         self.assignment: frozenset[int] | None = None
+        self._assignment_known = threading.Event()
+        # The generation fence (services/common/kafka/_group.py): the group generation and member
+        # id of the current assignment, the next command offset of each owned partition, and,
+        # per thread, the offsets of the batch that thread has in hand.
+        self._member: tuple[int, str] | None = None
+        self._positions: dict[int, int] = {}
+        self._revocations = 0  # tells a late answer of `_fetch_positions` apart
+        self._in_hand = threading.local()
+        self._fence_unavailable_logged = False
         self.app = self._build_app()
 
     def _build_app(self) -> faust.App:
@@ -187,6 +200,10 @@ class CommandStream:
             topic_allow_declare=False,
             topic_disable_leader=True,
             consumer_group_instance_id=f"{s.app_id}-{s.instance_id}",
+            # No faust tables, so no standbys: with its default of one standby replica faust's
+            # sticky assignor lets every member keep up to ceil(partitions/members) partitions,
+            # and an instance added to two owning 2+2 of 4 partitions got none (issue 16).
+            table_standby_replicas=0,
             broker_session_timeout=s.session_timeout_s,
             broker_heartbeat_interval=max(1.0, s.session_timeout_s / 5),
             broker_request_timeout=max(40.0, s.session_timeout_s + 5),
@@ -206,9 +223,20 @@ class CommandStream:
         )
 
         async def revoked(_sender: Any, /, *_: Any, signal: Any, **__: Any) -> None:
+            # Rebalance ordering (issue 16): faust sends this signal after it stopped fetching,
+            # cleared the agents' buffers and waited for the batch in hand to be acknowledged;
+            # `_on_revoked` then waits (the processor's lock) for a tick in progress, so when it
+            # returns this instance decides nothing more for these partitions. Only then does
+            # the member rejoin, and the group's next generation, where another instance may
+            # get them, cannot start without it (eager protocol). In a thread: a long tick must
+            # not stall the event loop and its heartbeats.
+            self._assignment_known.clear()
             self.assignment = None
+            self._revocations += 1
+            self._member = None
+            self._positions.clear()
             self._metrics.revoked()
-            self._on_revoked()
+            await asyncio.to_thread(self._on_revoked)
 
         async def assigned(_sender: Any, /, *args: Any, signal: Any, **__: Any) -> None:
             partitions = args[0] if args else ()
@@ -217,7 +245,11 @@ class CommandStream:
                 # Restore before the first command of these partitions is handed over, so the
                 # state is current even for partitions that receive no command for a while.
                 await asyncio.to_thread(self._assign, mine)
+            self._member = self._group_member()
             self.assignment = frozenset(mine)
+            self._assignment_known.set()
+            if mine and self._committed is not None:
+                self._fetch_positions(mine, self._revocations)
             self._metrics.assigned(len(mine))
 
         app.on_partitions_revoked.connect(revoked)
@@ -242,16 +274,114 @@ class CommandStream:
 
     def handle_or_die(self, records: Sequence[InboundRecord]) -> None:
         """Hand `records` to the handler until it succeeds; exit rather than return with them undone."""
-        retrying = self._retrying["batch"]
-        while True:
-            try:
-                self._handler(records)
-            except Exception as exc:
-                delay = self._retry_or_die(retrying, exc, "a batch")
-                self._sleep(delay)
-                continue
-            retrying.succeeded()
+        owned = self._owned(records)
+        if records and not owned:
             return
+        records = owned
+        retrying = self._retrying["batch"]
+        in_hand: dict[int, int] = {}
+        for record in records:
+            in_hand[record.partition] = max(in_hand.get(record.partition, 0), record.offset + 1)
+        self._in_hand.offsets = in_hand
+        try:
+            while True:
+                try:
+                    self._handler(records)
+                except Exception as exc:
+                    delay = self._retry_or_die(retrying, exc, "a batch")
+                    self._sleep(delay)
+                    continue
+                retrying.succeeded()
+                for partition, offset in in_hand.items():
+                    self._positions[partition] = max(self._positions.get(partition, 0), offset)
+                return
+        finally:
+            self._in_hand.offsets = None
+
+    # --- the generation fence -------------------------------------------------------------------
+
+    def group_fence(self) -> GroupFence | None:
+        """What the calling thread's next transaction is fenced with: the group generation of
+        the current assignment and the command offsets it consumes (the batch in hand; for
+        timer work, the owned partitions' current positions, committed again unchanged).
+        None when nothing identifies the assignment yet (then the transaction is unfenced, as
+        are the re-publications of a restore, which are at-least-once anyway)."""
+        member, assignment = self._member, self.assignment
+        if member is None or assignment is None:
+            return None
+        offsets = getattr(self._in_hand, "offsets", None)
+        if offsets is None:
+            offsets = {p: o for p, o in list(self._positions.items()) if p in assignment}
+        if not offsets:
+            return None
+        s = self._settings
+        generation, member_id = member
+        group = resource_prefix() + s.app_id  # the consumer group faust joined (above)
+        return GroupFence(group, generation, member_id, f"{s.app_id}-{s.instance_id}", s.topic, offsets)
+
+    def _fetch_positions(self, partitions: set[int], revocations: int) -> None:
+        """Where the group stands on `partitions`, fetched beside the rebalance, not in its path:
+        timer work of a partition with no command yet in this assignment is fenced with these
+        offsets, committed again unchanged (until they arrive it is unfenced, a moment)."""
+        committed = self._committed
+        assert committed is not None
+
+        def fetch() -> None:
+            try:
+                found = committed(partitions)
+            except Exception as exc:
+                log.warning(
+                    "could not read the group's committed offsets (%s); timer work of "
+                    "partitions without a command yet is unfenced",
+                    exc,
+                )
+                return
+            if self._revocations == revocations:  # not revoked meanwhile
+                for partition, offset in found.items():
+                    self._positions.setdefault(partition, offset)
+
+        threading.Thread(target=fetch, name=f"{self._settings.app_id}-positions", daemon=True).start()
+
+    def _group_member(self) -> tuple[int, str] | None:
+        """The generation and member id aiokafka joined with (faust exposes no accessor)."""
+        try:
+            consumer: Any = self.app.consumer
+            coordinator = consumer._thread._ensure_consumer()._coordinator
+            generation, member_id = int(coordinator.generation), str(coordinator.member_id)
+        except (AttributeError, TypeError, ValueError) as exc:
+            if not self._fence_unavailable_logged:
+                self._fence_unavailable_logged = True
+                log.error("cannot read the consumer group generation (%s); transactions are unfenced", exc)
+            return None
+        return (generation, member_id) if generation >= 0 and member_id else None
+
+    def _owned(self, records: Sequence[InboundRecord]) -> Sequence[InboundRecord]:
+        """Only records of partitions this instance owns, once the rebalance in progress (if any)
+        has told which those are.
+
+        faust hands over records it fetched before a rebalance even after it revoked their
+        partitions (seen in tests/integration/test_scale_out_coordinator.py). Deciding one then
+        would make two deciders of a partition whose new owner restored without it; acknowledging
+        one unhandled would let faust commit past it if the partition stays ours. So the batch
+        waits for the new assignment: records of partitions still ours are handled (restored in
+        `assigned`; a copy faust fetches again from the committed offset is a duplicate the
+        processor drops), the others are dropped (their new owner consumes them from the
+        committed offset, and faust forgot their acknowledgements with the revocation)."""
+        if records and not self._assignment_known.is_set():
+            limit = max(60.0, 3 * self._settings.session_timeout_s)
+            if not self._assignment_known.wait(limit):
+                log.critical("no partition assignment for %.0f s with records in hand; exiting", limit)
+                self._die(_EXIT_FENCED)
+        assignment = self.assignment
+        owned = [r for r in records if assignment is not None and r.partition in assignment]
+        if len(owned) < len(records):
+            stale = sorted({r.partition for r in records} - set(assignment or ()))
+            log.warning(
+                "dropped %d record(s) of partitions %s this instance no longer owns (rebalance)",
+                len(records) - len(owned),
+                stale,
+            )
+        return owned if len(owned) < len(records) else records
 
     def tick_or_die(self, work: Callable[[], object]) -> None:
         """Timer work: a transient failure skips ticks until its backoff has passed."""

@@ -1,0 +1,87 @@
+"""The stream runtime's part in moving partitions between instances (issue 16).
+
+A batch holding records of a partition this instance no longer owns never reaches the handler
+(its new owner restored without them), and every transaction is fenced with the group
+generation of the assignment: the batch's own offsets in the thread that handles it, the
+owned partitions' positions in the timer thread, nothing before an assignment is known."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from services.common.kafka import GroupFence, InboundRecord
+from services.common.streams import CommandStream, StreamSettings
+
+
+def _record(partition: int, offset: int) -> InboundRecord:
+    return InboundRecord("runs.commands", partition, offset, b"k", b"v", ())
+
+
+def _stream(tmp_path: Path, handler: Any) -> CommandStream:
+    settings = StreamSettings(
+        app_id="tenure-test-scale",
+        bootstrap_servers="127.0.0.1:1",
+        topic="runs.commands",
+        partitions=4,
+        instance_id="3",
+        data_dir=tmp_path,
+    )
+    return CommandStream(settings, handler, on_revoked=lambda: None, on_assigned=lambda _: None)
+
+
+def _owning(stream: CommandStream, partitions: set[int], generation: int = 5) -> None:
+    """What the `assigned` signal leaves behind (faust's consumer is not started in unit tests)."""
+    stream._member = (generation, "member-x")
+    stream.assignment = frozenset(partitions)
+    stream._assignment_known.set()
+
+
+def test_records_of_partitions_not_owned_are_never_handled(tmp_path: Path) -> None:
+    seen: list[list[tuple[int, int]]] = []
+    stream = _stream(tmp_path, lambda records: seen.append([(r.partition, r.offset) for r in records]))
+    _owning(stream, {0, 2})
+    stream.handle_or_die([_record(0, 10), _record(1, 4), _record(2, 7), _record(0, 11)])
+    stream.handle_or_die([_record(3, 1)])
+    assert seen == [[(0, 10), (2, 7), (0, 11)]]
+
+
+def test_a_batch_arriving_mid_rebalance_waits_for_the_new_assignment(tmp_path: Path) -> None:
+    seen: list[int] = []
+    stream = _stream(tmp_path, lambda records: seen.extend(r.partition for r in records))
+    worker = threading.Thread(target=stream.handle_or_die, args=([_record(1, 0), _record(2, 0)],))
+    worker.start()
+    worker.join(0.3)
+    assert worker.is_alive() and seen == [], "handled before the group said who owns what"
+    _owning(stream, {2})
+    worker.join(5)
+    assert seen == [2]
+
+
+def test_the_fence_carries_the_batch_offsets_in_its_thread_and_positions_elsewhere(tmp_path: Path) -> None:
+    fences: dict[str, GroupFence | None] = {}
+    stream: CommandStream
+
+    def handler(_: Any) -> None:
+        fences["batch"] = stream.group_fence()
+        other = threading.Thread(target=lambda: fences.__setitem__("timer", stream.group_fence()))
+        other.start()
+        other.join()
+
+    stream = _stream(tmp_path, handler)
+    assert stream.group_fence() is None  # no assignment yet: nothing to fence with
+    _owning(stream, {0, 1})
+    stream._positions.update({0: 3, 3: 99})  # 3: not owned, never committed by this instance
+    stream.handle_or_die([_record(1, 40), _record(1, 41)])
+    batch, timer = fences["batch"], fences["timer"]
+    assert batch is not None and timer is not None
+    assert dict(batch.offsets) == {1: 42}  # exactly what this batch consumed
+    assert dict(timer.offsets) == {0: 3}  # the timer thread never commits the batch in hand
+    assert (batch.generation, batch.member_id, batch.group_instance_id) == (
+        5,
+        "member-x",
+        "tenure-test-scale-3",
+    )
+    after = stream.group_fence()
+    assert after is not None and dict(after.offsets) == {0: 3, 1: 42}
