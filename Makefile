@@ -130,3 +130,10 @@ browser-deps:
 .PHONY: console-screenshots
 console-screenshots: $(STAMP) browser-deps
 	$(BIN)/python -m tests.browser.screenshots --out docs/console
+
+# Restore and rebuild (issue 16): ~1M Run events on runs.events, then raw consume, consume +
+# Avro decode, processor restore and projection rebuild in one run, each against raw consume.
+RESTORE_ARGS ?= --events 1000000
+.PHONY: bench-restore
+bench-restore: kafka
+	$(BIN)/python -m bench.restore $(RESTORE_ARGS)

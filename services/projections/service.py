@@ -230,6 +230,11 @@ def _follow_topic(
         follower.close()
 
 
+# A rebuild reads this many records per poll and folds up to _REBUILD_CHUNK of them at once.
+_REBUILD_POLL = 10_000
+_REBUILD_CHUNK = 50_000
+
+
 @dataclass(frozen=True)
 class RebuildReport:
     events: int
@@ -292,7 +297,14 @@ def _refold(
         seen = 0
         done: dict[int, int] = {}
         while any(done.get(p, 0) < end for p, end in targets.items()):
-            records = follower.poll(max_records=5000, timeout_s=0.2)
+            records = follower.poll(max_records=_REBUILD_POLL, timeout_s=0.2)
+            # What is already fetched joins one fold, up to a large chunk: each run's view is
+            # then rendered and written once per chunk rather than once per poll (issue 16).
+            while records and len(records) < _REBUILD_CHUNK:
+                more = follower.poll(max_records=_REBUILD_POLL, timeout_s=0.0)
+                if not more:
+                    break
+                records.extend(more)
             if records:
                 apply(records)
                 for r in records:

@@ -16,7 +16,7 @@ request and its answer, the result manifest and the last stop requested.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from services.common.contracts import (
@@ -39,6 +39,7 @@ from services.common.contracts import (
     holder_principal,
     to_record,
 )
+from services.common.frozen import replace
 from services.common.sequencing import Sequencing, sequence
 from services.lease_coordinator.domain import (
     LeaseCertainty,
@@ -67,6 +68,8 @@ __all__ = [
 
 _HEADER_FIELDS = {"eventId", "runId", "version", "occurredAt", "causationId", "correlationId", "actor"}
 _BULKY_FIELDS = {"executionSpec"}
+# What a history entry's details leave out, as one set: it is tested for every field of every event.
+_NOT_DETAILS = frozenset(_HEADER_FIELDS | _BULKY_FIELDS)
 _GRANTS = ("AttemptClaimed", "LeaseTakenOver")
 _UPLOAD_GRANT_FIELDS = (
     "grantId",
@@ -94,9 +97,7 @@ def history_entry(event: RunEvent) -> dict[str, Any]:
         entry["reason"] = event.reason
         entry["fromStatus"] = event.previous_status
     elif not isinstance(event, RunSubmitted):
-        entry["details"] = {
-            k: v for k, v in to_record(event).items() if k not in _HEADER_FIELDS | _BULKY_FIELDS
-        }
+        entry["details"] = {k: v for k, v in to_record(event).items() if k not in _NOT_DETAILS}
     return entry
 
 

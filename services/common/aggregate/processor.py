@@ -171,22 +171,30 @@ class AggregateProcessor(Generic[S, C, E, X]):
         # + 1 instead would leave its commit marker to be fetched again on every restart.
         events_end = self._log.end_offset(d.events_topic, partition)
         rejections_end = self._log.end_offset(d.rejections_topic, partition)
+        # The loop runs once per event of the log: its lookups are bound once (issue 16). The
+        # working states stay in `changes.after`; each is encoded once per chunk, at `_persist`.
+        event_types, decode, evolve = d.event_types, self._decode_logged, d.evolve
+        aggregate_of, version_of, event_version = d.aggregate_id, d.version, d.event_version
+        published_of, codec = d.published_outputs, self._codec
         for record in self._log.read(d.events_topic, partition, next_offset):
             next_offset = record.offset + 1
-            event = self._decode_logged(record)
-            if not isinstance(event, d.event_types):
+            event = decode(record)
+            if not isinstance(event, event_types):
                 continue
-            aggregate_id = d.aggregate_id(event)
-            state = self._state(changes, aggregate_id)
-            current = d.version(state) if state is not None else 0
-            if sequence(aggregate_id, current, d.event_version(event)) is Sequencing.DUPLICATE:
+            aggregate_id = aggregate_of(event)
+            working = changes.after
+            state = working[aggregate_id] if aggregate_id in working else self.load(aggregate_id)
+            current = version_of(state) if state is not None else 0
+            if sequence(aggregate_id, current, event_version(event)) is Sequencing.DUPLICATE:
                 continue
-            after = d.evolve(state, event)
+            after = evolve(state, event)
             changes.context.accept(partition, (Transition(state, event, after),))
             changes.settle(partition, aggregate_id, state, after)
-            changes.published.extend(d.published_outputs(event, partition, record.offset, self._codec))
+            outputs = published_of(event, partition, record.offset, codec)
+            if outputs:
+                changes.published.extend(outputs)
             applied += 1
-            if len(changes.after) >= _RESTORE_FLUSH_EVERY:
+            if len(working) >= _RESTORE_FLUSH_EVERY:
                 changes.checkpoints[self._layout.checkpoint_key(d.events_topic, partition)] = next_offset
                 self._persist(changes)
                 changes = self._changes()

@@ -145,10 +145,16 @@ class SchemaRegistry:
                 raise SchemaFileError(f"{version.path} and {clash.path} have the same canonical form")
             self._by_fingerprint[version.fingerprint] = version
             self._by_name.setdefault(version.full_name, []).append(version)
+        # writer fingerprint -> (writer, the latest version of its record or None when that is
+        # the writer itself): the default decode resolves with no lookups (issue 16).
+        self._resolve_latest: dict[int, tuple[SchemaVersion, SchemaVersion | None]] = {}
         for name, history in self._by_name.items():
             if [v.version for v in history] != list(range(1, len(history) + 1)):
                 found = [v.version for v in history]
                 raise SchemaFileError(f"{name}: versions must be 1..N without gaps, got {found}")
+            for version in history:
+                latest = history[-1]
+                self._resolve_latest[version.fingerprint] = (version, None if latest is version else latest)
 
     @classmethod
     def from_directory(cls, path: Path) -> SchemaRegistry:
@@ -199,19 +205,20 @@ class SchemaRegistry:
                 DecodeFailure.BAD_MAGIC, f"expected c301 + 8-byte fingerprint, got {header!r}"
             )
         writer_fingerprint = int.from_bytes(data[2:_HEADER_LEN], "little")
-        writer = self._by_fingerprint.get(writer_fingerprint)
-        if writer is None:
+        resolved = self._resolve_latest.get(writer_fingerprint)
+        if resolved is None:
             raise UndecodableRecord(
                 DecodeFailure.UNKNOWN_FINGERPRINT,
                 f"no schema has fingerprint {bytes(data[2:_HEADER_LEN]).hex()} (wire bytes)",
             )
-        if reader_version is None:
-            reader = self.latest(writer.full_name)
-        else:
-            reader = self.get(writer.full_name, reader_version)
-        body = io.BytesIO(data[_HEADER_LEN:])
+        writer, newer = resolved
+        reader = (newer or writer) if reader_version is None else self.get(writer.full_name, reader_version)
+        body = io.BytesIO(data)
+        body.seek(_HEADER_LEN)
         try:
-            record = fastavro.schemaless_reader(body, writer._working, reader._working)
+            # No reader schema when it is the writer's: fastavro then skips schema resolution.
+            reader_schema = None if reader is writer else reader._working
+            record = fastavro.schemaless_reader(body, writer._working, reader_schema)
         except SchemaResolutionError as exc:
             raise UndecodableRecord(
                 DecodeFailure.INCOMPATIBLE_SCHEMA,
@@ -224,7 +231,7 @@ class SchemaRegistry:
                 DecodeFailure.CORRUPT_BODY,
                 f"{writer.full_name} v{writer.version} body: {type(exc).__name__}: {exc}",
             ) from exc
-        trailing = len(data) - _HEADER_LEN - body.tell()
+        trailing = len(data) - body.tell()
         if trailing or not isinstance(record, dict):
             raise UndecodableRecord(
                 DecodeFailure.CORRUPT_BODY,

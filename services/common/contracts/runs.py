@@ -14,7 +14,7 @@ import re
 import typing
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping, Union
+from typing import Any, Callable, Mapping, Union
 
 from services.common.contracts._headers import (
     COMMANDS_NS,
@@ -353,11 +353,21 @@ def _is_record_value(value: object) -> bool:
     return dataclasses.is_dataclass(value) and not isinstance(value, type)
 
 
+# cls -> ((field name, wire key), ...): resolved once per type, not per value (issue 16).
+_WIRE_KEYS: dict[type[Any], tuple[tuple[str, str], ...]] = {}
+
+
 def _record_of(value: Any) -> dict[str, Any]:
-    return {_to_camel(f.name): _to_wire(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    cls = type(value)
+    keys = _WIRE_KEYS.get(cls)
+    if keys is None:
+        keys = _WIRE_KEYS[cls] = tuple((f.name, _to_camel(f.name)) for f in dataclasses.fields(value))
+    return {key: _to_wire(getattr(value, name)) for name, key in keys}
 
 
 def _to_wire(value: Any) -> Any:
+    if type(value) in _WIRE_SCALARS:
+        return value
     if _is_record_value(value):
         return _record_of(value)
     if isinstance(value, Mapping):
@@ -367,8 +377,14 @@ def _to_wire(value: Any) -> Any:
     return value
 
 
+# What a decoded Avro value mostly is: passed through without the (slow, ABC) Mapping check.
+_WIRE_SCALARS = frozenset({str, int, bool, float, bytes, type(None)})
+
+
 def _from_wire(value: Any) -> Any:
     # Read-only containers keep decoded values immutable, and tuples keep them hashable.
+    if type(value) in _WIRE_SCALARS:
+        return value
     if isinstance(value, Mapping):
         return MappingProxyType(dict(value))
     if isinstance(value, list):
@@ -398,16 +414,76 @@ def _array_of_record_fields(cls: type[Any]) -> dict[str, type[Any]]:
     return nested
 
 
-def _build(cls: type[Any], record: Mapping[str, Any]) -> Any:
-    field_names = {f.name for f in dataclasses.fields(cls)}
+# cls -> {wire key: (field name, the nested record's dataclass or None)}; a wire key that is no
+# field maps to None. Built once per type: a restore decodes every event (issue 16).
+_BUILD_PLANS: dict[type[Any], dict[str, tuple[str, type[Any] | None] | None]] = {}
+
+
+def _build_plan(cls: type[Any], key: str) -> tuple[str, type[Any] | None] | None:
+    plan = _BUILD_PLANS.setdefault(cls, {})
+    if key not in plan:
+        name = _to_snake(key)
+        if name in {f.name for f in dataclasses.fields(cls)}:
+            plan[key] = (name, _array_of_record_fields(cls).get(name))
+        else:
+            plan[key] = None
+    return plan[key]
+
+
+# cls -> a function building it from a record that has every field's wire key (compiled once,
+# as dataclasses compiles __init__), or None for a type it cannot express. A record missing a
+# key raises KeyError in it and is built by `_build_any`, so both give the same value.
+_BUILDERS: dict[type[Any], Callable[[Mapping[str, Any]], Any] | None] = {}
+
+
+def _compile_builder(cls: type[Any]) -> Callable[[Mapping[str, Any]], Any] | None:
     nested = _array_of_record_fields(cls)
+    arguments = []
+    for f in dataclasses.fields(cls):
+        key = _to_camel(f.name)
+        if not f.init or _to_snake(key) != f.name or not f.name.isidentifier():
+            return None
+        if f.name in nested:
+            value = f"tuple(_build(nested[{f.name!r}], item) for item in r[{key!r}])"
+        else:
+            value = f"(v if type(v := r[{key!r}]) in scalars else from_wire(v))"
+        arguments.append(f"{f.name}={value}")
+    source = f"def build(r):\n    return cls({', '.join(arguments)})\n"
+    scope: dict[str, Any] = {
+        "cls": cls,
+        "nested": nested,
+        "_build": _build,
+        "scalars": _WIRE_SCALARS,
+        "from_wire": _from_wire,
+    }
+    exec(source, scope)  # built from field names only, as dataclasses builds __init__
+    builder: Callable[[Mapping[str, Any]], Any] = scope["build"]
+    return builder
+
+
+def _build(cls: type[Any], record: Mapping[str, Any]) -> Any:
+    if cls in _BUILDERS:
+        builder = _BUILDERS[cls]
+    else:
+        builder = _BUILDERS[cls] = _compile_builder(cls)
+    if builder is not None:
+        try:
+            return builder(record)
+        except KeyError:
+            pass  # a field's key is missing: its default applies, as below
+    return _build_any(cls, record)
+
+
+def _build_any(cls: type[Any], record: Mapping[str, Any]) -> Any:
+    plan = _BUILD_PLANS.get(cls) or {}
     kwargs: dict[str, Any] = {}
     for key, value in record.items():
-        name = _to_snake(key)
-        if name not in field_names:
+        step = plan[key] if key in plan else _build_plan(cls, key)
+        if step is None:
             continue
-        if name in nested:
-            kwargs[name] = tuple(_build(nested[name], item) for item in value)
+        name, nested = step
+        if nested is not None:
+            kwargs[name] = tuple(_build(nested, item) for item in value)
         else:
             kwargs[name] = _from_wire(value)
     return cls(**kwargs)

@@ -7,8 +7,6 @@ queued, pinned to the same immutable ExecutionSpec) or the request expires (fail
 
 from __future__ import annotations
 
-import dataclasses
-
 from services.common.contracts import (
     InputProvided,
     InputRequested,
@@ -19,6 +17,7 @@ from services.common.contracts import (
     UploadGrantIssued,
 )
 from services.common.contracts.ids import grant_id_for, run_id_of_grant
+from services.common.frozen import replace as replace_fields
 from services.common.ids import derived_id
 from services.lease_coordinator.domain.lifecycle import (
     LeaseCertainty,
@@ -142,7 +141,7 @@ def decide_upload_grant(
 
 
 def evolve_input(state: RunState, event: RunEvent) -> RunState | None:
-    replace = dataclasses.replace
+    replace = replace_fields
     if isinstance(event, InputRequested):
         lease = state.lease
         assert lease is not None

@@ -7,7 +7,6 @@ Time enters only as `now_ms`, the coordinator's clock.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from services.common.contracts import (
@@ -29,6 +28,7 @@ from services.common.contracts import (
     RunRequeued,
     TakeOverLease,
 )
+from services.common.frozen import replace as replace_fields
 from services.lease_coordinator.domain.lifecycle import (
     LeaseCertainty,
     RunStatus,
@@ -490,7 +490,7 @@ def _granted(event: AttemptClaimed | LeaseTakenOver) -> LeaseState:
 def _with_certainty(lease: LeaseState | None, certainty: LeaseCertainty, **changes: Any) -> LeaseState:
     if lease is None:
         raise ValueError("no lease to change")
-    return dataclasses.replace(lease, certainty=check_lease_transition(lease.certainty, certainty), **changes)
+    return replace_fields(lease, certainty=check_lease_transition(lease.certainty, certainty), **changes)
 
 
 def superseded_lease(lease: LeaseState) -> LeaseState:
@@ -517,7 +517,7 @@ def _reported_status(state: RunState, outcome: str) -> RunStatus:
 
 def evolve_lease(state: RunState, event: RunEvent) -> RunState | None:
     """The state after a lease or effect event, or None if `event` is not one of those."""
-    replace = dataclasses.replace
+    replace = replace_fields
     if isinstance(event, AttemptClaimed):
         return replace(
             state,

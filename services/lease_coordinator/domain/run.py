@@ -7,7 +7,6 @@ twice gives identical events (the basis of crash-safe redelivery).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Iterable
 
@@ -32,6 +31,7 @@ from services.common.contracts import (
     TakeOverLease,
 )
 from services.common.contracts.status import MAX_ATTEMPTS_LIMIT, MAX_TIMEOUT_SECONDS
+from services.common.frozen import replace as replace_fields
 from services.common.ids import canonical_json, derived_id, run_id_for, sha256_digest
 from services.common.sequencing import Sequencing, sequence
 from services.lease_coordinator.domain.inputs import (
@@ -312,7 +312,7 @@ def evolve(state: RunState | None, event: RunEvent) -> RunState:
     if event.run_id != state.run_id:
         raise ValueError(f"event {event.event_id} of run {event.run_id} applied to run {state.run_id}")
     if isinstance(event, RunCancelled):
-        after = dataclasses.replace(
+        after = replace_fields(
             state,
             status=check_transition(state.status, RunStatus.CANCELLED),
             queue_reservation_id=None if event.reservation_released else state.queue_reservation_id,
@@ -326,7 +326,7 @@ def evolve(state: RunState | None, event: RunEvent) -> RunState:
         if changed is None:
             raise TypeError(f"not a Run event: {event!r}")
         after = changed
-    return dataclasses.replace(after, version=event.version, handled_commands=_remembered(after, event))
+    return replace_fields(after, version=event.version, handled_commands=_remembered(after, event))
 
 
 def _remembered(state: RunState, event: RunEvent) -> tuple[str, ...]:

@@ -8,7 +8,6 @@ before the grace period ends. Without a confirmation the run ends `interrupted`,
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from services.common.contracts import (
@@ -21,6 +20,7 @@ from services.common.contracts import (
     RunInterrupted,
     RunRetried,
 )
+from services.common.frozen import replace as replace_fields
 from services.lease_coordinator.domain.lifecycle import (
     TERMINAL_STATUSES,
     LeaseCertainty,
@@ -185,13 +185,13 @@ def _revoked(state: RunState) -> Any:
     lease = state.lease
     if lease is None or not lease.held:
         return lease
-    return dataclasses.replace(
+    return replace_fields(
         lease, certainty=check_lease_transition(lease.certainty, LeaseCertainty.REVOKED)
     )
 
 
 def evolve_stop(state: RunState, event: RunEvent) -> RunState | None:
-    replace = dataclasses.replace
+    replace = replace_fields
     if isinstance(event, RunCancelRequested):
         stop = StopRequest(StopKind.CANCEL, event.occurred_at, event.grace_until, event.reason)
         return replace(
