@@ -43,6 +43,7 @@ from services.common.ids import is_attempt_id, is_grant_id, is_incident_id, is_r
 from services.common.objectstore import ObjectStoreUnavailable
 from services.common.routing import RecordTooLarge
 from services.common.settings import TenureSettings
+from services.common.tracing import TracingMiddleware
 
 __all__ = [
     "API_VERSION",
@@ -177,4 +178,7 @@ def create_app(open_deps: Callable[[], ApiDependencies], *, max_body_bytes: int 
         max_body_bytes=max_body_bytes if max_body_bytes is not None else TenureSettings().max_body_bytes,
         raw_body_prefixes=RAW_BODY_PREFIXES,
     )
+    # Outermost: every request is a span continuing its caller's traceparent, current while the
+    # route publishes its command (whose record carries it on; issue 17).
+    app.add_middleware(TracingMiddleware)
     return app

@@ -69,6 +69,7 @@ from services.common.topics import (
     WATCHDOG_EVENTS,
     WATCHDOG_REJECTIONS,
 )
+from services.common.tracing import annotate
 from services.quarantine.view import QuarantineBoard
 from services.schedules.view import ScheduleBoard
 
@@ -445,6 +446,7 @@ class ApiContext:
     ) -> Outcome | Rejected | PendingCommand:
         d = self.deps
         kind = type(command).__name__
+        annotate({"messaging.destination.name": record.topic}, command=command)  # the request's span
         loop = asyncio.get_running_loop()
         started = loop.time()
         if self.remaining() < _LAST_READ_S:

@@ -10,6 +10,10 @@ raises `NotARunId`, and a command whose record Kafka would refuse (larger than M
 raises `RecordTooLarge` before it is handed to a producer, so neither is ever published. An HTTP
 edge must have refused a malformed id already (the API answers 404 or 422); it answers
 `RecordTooLarge` as 413 payload-too-large, a client error, not a retryable outage.
+
+Every record built here carries the current trace context in its headers (`traceparent`,
+services/common/tracing.py), so the processor that decides the command continues the trace of
+the request that issued it.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from services.common.topics import (
     SCHEDULES_COMMANDS,
     TRAJECTORIES_COMMANDS,
 )
+from services.common.tracing import traced_record
 
 __all__ = [
     "NotARunId",
@@ -58,6 +63,7 @@ def partition_for_run(run_id: str, partitions: int = RUNS_COMMANDS.partitions) -
 
 
 def _writable(record: OutboundRecord) -> OutboundRecord:
+    record = traced_record(record)  # weighed with its trace headers: they travel with it
     size = record_bytes(record)
     if size > MAX_RECORD_BYTES:
         raise RecordTooLarge(

@@ -278,6 +278,31 @@ class TenureSettings(KafkaSettings):
     s3_timeout_s: float = Field(default=5.0, gt=0, le=60, description="Connect and read timeout per call.")
     s3_max_attempts: int = Field(default=3, ge=1, le=10, description="Tries per call (boto3 standard).")
 
+    # --- tracing (issue 17; services/common/tracing.py): OpenTelemetry, off by default ---
+    otel_exporter: str = Field(
+        default="none",
+        pattern=r"^(none|otlp|console|file:.+)$",
+        max_length=1000,
+        description="Where finished spans go: none (off), otlp (OTLP/HTTP to TENURE_OTEL_ENDPOINT), "
+        "console, or file:<path> (one JSON line per span). Trace context propagates either way.",
+    )
+    otel_endpoint: str = Field(
+        default="",
+        max_length=2000,
+        description="The OTLP/HTTP traces endpoint, e.g. http://127.0.0.1:4318/v1/traces; empty: the "
+        "exporter's default (OTEL_EXPORTER_OTLP_ENDPOINT, else localhost:4318).",
+    )
+    otel_export_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=60,
+        description="How long an OTLP export (retries included) may take: a collector that is away "
+        "delays only the exporter's thread, and a process's exit by at most this.",
+    )
+    otel_service_name: str = Field(
+        default="", max_length=200, description="service.name of this process's spans; empty: its module."
+    )
+
     def parsed_tenant_limits(self) -> dict[str, tuple[int, int]]:
         limits: dict[str, tuple[int, int]] = {}
         for item in filter(None, (p.strip() for p in self.tenant_limits.split(","))):

@@ -28,6 +28,7 @@ from services.common.http_guard import HttpGuard
 from services.common.ids import ACTION_HASH_PATTERN, is_attempt_id, is_run_id
 from services.common.problem_json import Problem, ProblemCatalog, ProblemType, install_problem_handlers
 from services.common.settings import TenureSettings
+from services.common.tracing import TracingMiddleware
 from services.effect_gateway.service import EffectRefused, EffectRequest, Gateway
 
 __all__ = ["CATALOG", "GATEWAY_PROBLEMS", "MAX_EPOCH", "EffectBody", "VerifyBody", "create_app"]
@@ -288,6 +289,8 @@ def create_app(
     app.state.api_keys = keys
     install_problem_handlers(app, CATALOG)
     app.add_middleware(HttpGuard, catalog=CATALOG, max_body_bytes=max_body_bytes or settings.max_body_bytes)
+    # Outermost: every request is a span continuing its caller's traceparent (issue 17).
+    app.add_middleware(TracingMiddleware)
 
     def gateway() -> Gateway:
         gw = holder.get("gw")

@@ -55,6 +55,7 @@ from services.common.messages import MessageCodec
 from services.common.routing import command_record
 from services.common.settings import TenureSettings
 from services.common.topics import BREAKERS_EVENTS, BREAKERS_REJECTIONS, RUNS_EVENTS, WATCHDOG_EVENTS
+from services.common.tracing import annotate
 from services.effect_gateway.egress import parse_tool_egress
 from services.effect_gateway.fencing import (
     FencingView,
@@ -280,6 +281,16 @@ class Gateway:
 
     async def perform(self, request: EffectRequest, caller: Principal | None = None) -> EffectResult:
         """Perform `request` for `caller` (None: development mode, nothing authenticated)."""
+        annotate(
+            {
+                "tenure.run.id": request.run_id,
+                "tenure.attempt.id": request.attempt_id,
+                "tenure.epoch": request.epoch,
+                "tenure.tool": request.tool,
+                "tenure.operation": request.operation,
+                "tenure.idempotency_key": request.idempotency_key,
+            }
+        )
         if not self.ready:
             raise EffectRefused("unavailable", "the gateway is still reading the lease log")
         if not self._tools.knows(request.tool):

@@ -14,6 +14,7 @@ import httpx
 
 from services.common.bulkhead import Bulkheads
 from services.common.settings import TenureSettings
+from services.common.tracing import SpanKind, inject_into_http, span
 
 __all__ = ["ToolAnswer", "ToolRegistry", "ToolUnreachable", "parse_tools"]
 
@@ -99,11 +100,13 @@ class ToolRegistry:
     ) -> ToolAnswer:
         headers = {"Idempotency-Key": idempotency_key, "X-Fencing-Epoch": str(epoch), "X-Work-Id": work_id}
         try:
-            response = await self._client.post(
-                f"{self._tools[tool]}/effects",
-                headers=headers,
-                json={"operation": operation, "payload": payload},
-            )
+            with span(f"tool {tool}", _attributes(tool, operation, epoch), kind=SpanKind.CLIENT) as call:
+                response = await self._client.post(
+                    f"{self._tools[tool]}/effects",
+                    headers=inject_into_http(headers),  # the tool continues the effect's trace
+                    json={"operation": operation, "payload": payload},
+                )
+                call.set_attribute("http.response.status_code", response.status_code)
         except httpx.HTTPError as exc:
             raise ToolUnreachable(f"{tool}: {type(exc).__name__}: {exc}") from exc
         if response.status_code >= 500:
@@ -117,7 +120,8 @@ class ToolRegistry:
         try:
             # The key is the caller's text: "/", "?", "#" or a space in it must not change the URL.
             url = f"{self._tools[tool]}/effects/{quote(idempotency_key, safe='')}"
-            response = await self._client.get(url)
+            with span(f"probe {tool}", {"tenure.tool": tool}, kind=SpanKind.CLIENT):
+                response = await self._client.get(url, headers=inject_into_http())
         except httpx.HTTPError as exc:
             raise ToolUnreachable(f"{tool} probe: {type(exc).__name__}: {exc}") from exc
         if response.status_code >= 500:
@@ -126,10 +130,14 @@ class ToolRegistry:
 
     async def verify(self, tool: str, verifier: str, work_id: str, payload: dict[str, Any]) -> ToolAnswer:
         try:
-            response = await self._client.post(
-                f"{self._tools[tool]}/verifiers/{quote(verifier, safe='')}",
-                json={"payload": payload, "workId": work_id},
-            )
+            with span(
+                f"verify {tool}", {"tenure.tool": tool, "tenure.verifier": verifier}, kind=SpanKind.CLIENT
+            ):
+                response = await self._client.post(
+                    f"{self._tools[tool]}/verifiers/{quote(verifier, safe='')}",
+                    headers=inject_into_http(),
+                    json={"payload": payload, "workId": work_id},
+                )
         except httpx.HTTPError as exc:
             raise ToolUnreachable(f"{tool} verifier: {type(exc).__name__}: {exc}") from exc
         if response.status_code >= 500:
@@ -138,6 +146,10 @@ class ToolRegistry:
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+def _attributes(tool: str, operation: str, epoch: int) -> dict[str, Any]:
+    return {"tenure.tool": tool, "tenure.operation": operation, "tenure.epoch": epoch}
 
 
 def _json(response: httpx.Response) -> dict[str, Any]:

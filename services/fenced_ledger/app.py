@@ -25,6 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from services.common.tracing import TracingMiddleware
 from services.fenced_ledger.ledger import (
     Apply,
     BalanceOverflow,
@@ -395,4 +396,5 @@ def create_app(store: LedgerStore, *, faults_enabled: bool = False) -> FastAPI:
             faults.clear()
             return faults.snapshot()
 
+    app.add_middleware(TracingMiddleware)  # a tool call continues the effect's trace (issue 17)
     return app

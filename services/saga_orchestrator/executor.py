@@ -42,6 +42,7 @@ from services.common.ids import canonical_json, derived_id
 from services.common.kafka import CommandPublisher
 from services.common.messages import MessageCodec
 from services.common.routing import command_record, trajectory_command_record
+from services.common.tracing import Context, SpanKind, inject_into_http, recall, span
 from services.saga_orchestrator.domain import (
     DEFERRAL_KINDS,
     DispatchStep,
@@ -138,6 +139,17 @@ def _fenced(command: TrajectoryCommand | None) -> bool:
     return kind in _FENCED_KINDS
 
 
+def _attributes(work: Work) -> dict[str, Any]:
+    """A piece of work's span attributes: its run, attempt, epoch, step and key."""
+    return {
+        "tenure.run.id": work.run_id,
+        "tenure.attempt.id": getattr(work, "attempt_id", None),
+        "tenure.epoch": getattr(work, "epoch", None),
+        "tenure.step.index": getattr(work, "step_index", None),
+        "tenure.work.key": work.key,
+    }
+
+
 def _json(response: httpx.Response) -> dict[str, Any]:
     try:
         body = response.json()
@@ -224,12 +236,13 @@ class SagaExecutor:
                 if work.key in self._in_flight or now - self._finished.get(work.key, -1e9) < _SETTLE_S:
                     continue
                 self._in_flight.add(work.key)
-            self._pool.submit(self._run, work)
+            # The work continues the trace of the decision that called for it (issue 17).
+            self._pool.submit(self._run, work, recall(state.run_id))
 
     def _backoff(self, base_s: float = BACKOFF_BASE_S, cap_s: float = BACKOFF_CAP_S) -> Backoff:
         return Backoff(base_s, cap_s) if self._draw is None else Backoff(base_s, cap_s, self._draw)
 
-    def _run(self, work: Work) -> None:
+    def _run(self, work: Work, parent: Context | None = None) -> None:
         fenced_since: float | None = None
         backoff = self._backoff()  # one per loop: Backoff is not thread-safe
         said: set[str] = set()  # what this loop has already logged, so a retry is not news
@@ -237,15 +250,16 @@ class SagaExecutor:
             while not self._stop.is_set():
                 try:
                     self._wait_until(getattr(work, "not_before", 0))
-                    command = self._perform(work)
-                    if _fenced(command):
-                        fenced_since = fenced_since or time.monotonic()
-                        if time.monotonic() - fenced_since < _FENCED_GRACE_S:
-                            raise _RetryLater(
-                                "fenced out: waiting for the new lease holder to adopt the trajectory"
-                            )
-                    if command is not None:
-                        self._report(command)
+                    with span(f"saga {type(work).__name__}", _attributes(work), parent=parent):
+                        command = self._perform(work)
+                        if _fenced(command):
+                            fenced_since = fenced_since or time.monotonic()
+                            if time.monotonic() - fenced_since < _FENCED_GRACE_S:
+                                raise _RetryLater(
+                                    "fenced out: waiting for the new lease holder to adopt the trajectory"
+                                )
+                        if command is not None:
+                            self._report(command)
                     self.performed += 1
                     return
                 except _GatewayUnusable:
@@ -304,7 +318,11 @@ class SagaExecutor:
     def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """One request to the gateway; raises _GatewayUnusable when its answer decides nothing."""
         try:
-            response = self._http.request(method, f"{self._gateway}{path}", **kwargs)
+            attributes = {"http.request.method": method, "url.path": path}
+            with span(f"{method} gateway", attributes, kind=SpanKind.CLIENT):
+                response = self._http.request(
+                    method, f"{self._gateway}{path}", headers=inject_into_http(), **kwargs
+                )
         except httpx.HTTPError as exc:
             self.gateway_health.failed(f"{type(exc).__name__}: {exc}")
             raise _GatewayUnusable(f"gateway unreachable: {exc}") from exc

@@ -33,6 +33,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from services.common.tracing import TracingMiddleware
 from services.sim_environment.verifiers import UnknownVerifier, verify
 from services.sim_environment.world import OPERATIONS, PROBLEM_KINDS, Answer, Fault, World, canonical_json
 
@@ -319,4 +320,5 @@ def create_app(world_factory: Callable[[], World] | None = None, *, time_scale: 
         with holder.lock:
             return {"status": "ok", "timeScale": holder.world.time_scale}
 
+    app.add_middleware(TracingMiddleware)  # a tool call continues the effect's trace (issue 17)
     return app

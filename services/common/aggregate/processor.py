@@ -63,6 +63,7 @@ from services.common.poison import (
 )
 from services.common.sequencing import Sequencing, sequence
 from services.common.store import KeyValueStore
+from services.common.tracing import commit_span, decide_span, remember, traced_records
 
 __all__ = ["AggregateProcessor"]
 
@@ -277,7 +278,12 @@ class AggregateProcessor(Generic[S, C, E, X]):
             context = changes.context.decide_context(command, state)
             partition = changes.partition(aggregate_id, record.partition)
             try:
-                decided = self._decide_one(record, command, state, now, context, partition, changes)
+                # Tracing (issue 17): the decision continues the trace the command's headers
+                # carry, and its records (events, refusal) carry the decision's own context.
+                with decide_span(record, command):
+                    decided = self._decide_one(record, command, state, now, context, partition, changes)
+                    decided.written[:] = traced_records(decided.written)
+                    remember(aggregate_id)
             except Exception as exc:
                 out += self._set_aside(record, command, state, exc, now)
                 changes.rejected.add(command_id)
@@ -495,7 +501,8 @@ class AggregateProcessor(Generic[S, C, E, X]):
         """Step 3 then step 4; the number of records published after the commit."""
         d = self.definition
         started = time.monotonic()
-        written = self._log.commit(out)
+        with commit_span(d.name, len(out)):  # tracing (issue 17): linked to the batch's decisions
+            written = self._log.commit(out)
         if out:
             self.metrics.transaction(time.monotonic() - started)
         changes.published.extend(self._published_after(events, written))
