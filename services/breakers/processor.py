@@ -28,6 +28,7 @@ from services.breakers.domain import (
     evolve,
     next_timer_at,
 )
+from services.breakers.metrics import BreakerStateCollector
 from services.breakers.state_codec import decode_state, encode_state
 from services.common.aggregate import (
     AggregateDefinition,
@@ -117,3 +118,11 @@ class BreakerProcessor(AggregateProcessor[BreakerState, BreakerCommand, BreakerE
             clock,
             metrics=metrics or ProcessorMetrics("breaker"),
         )
+        BreakerStateCollector(self.owned_states).register(self.metrics.registry)
+
+    def owned_states(self) -> list[BreakerState]:
+        """The breakers of the partitions this instance owns, as stored (for /metrics)."""
+        owned = self.restored_partitions()
+        states = (decode_state(raw) for _, raw in self._store.scan(LAYOUT.state_prefix))
+        partitions = BREAKERS_COMMANDS.partitions
+        return [s for s in states if partition_for_endpoint(s.endpoint, partitions) in owned]

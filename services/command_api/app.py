@@ -39,6 +39,7 @@ from services.command_api.routes_watchdog import watchdog_router
 from services.command_api.routes_work import work_router
 from services.common.contracts.breakers import ENDPOINT_ID_PATTERN
 from services.common.http_guard import MAX_JSON_DEPTH, HttpGuard
+from services.common.http_metrics import install_http_metrics
 from services.common.ids import is_attempt_id, is_grant_id, is_incident_id, is_run_id
 from services.common.objectstore import ObjectStoreUnavailable
 from services.common.routing import RecordTooLarge
@@ -178,6 +179,7 @@ def create_app(open_deps: Callable[[], ApiDependencies], *, max_body_bytes: int 
         max_body_bytes=max_body_bytes if max_body_bytes is not None else TenureSettings().max_body_bytes,
         raw_body_prefixes=RAW_BODY_PREFIXES,
     )
+    install_http_metrics(app, ctx.metrics, serve=False)  # outside the guard; /metrics is routes_runs'
     # Outermost: every request is a span continuing its caller's traceparent, current while the
     # route publishes its command (whose record carries it on; issue 17).
     app.add_middleware(TracingMiddleware)

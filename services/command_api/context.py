@@ -23,7 +23,7 @@ from typing import Any, Awaitable, Callable, Iterator, Protocol, TypeVar
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import Counter, Histogram
 
 from services.breakers.client import BreakerClient
 from services.command_api.as_of import read_run_events
@@ -55,6 +55,7 @@ from services.common.decisions import (
 )
 from services.common.kafka import CommandPublisher, OutboundRecord
 from services.common.messages import MessageCodec
+from services.common.metrics import metrics_registry
 from services.common.objectstore import ObjectStore, open_object_store
 from services.common.policy import BlockList
 from services.common.routing import command_record, observation_record, trajectory_command_record
@@ -270,7 +271,7 @@ class Outcome:
 
 class ApiContext:
     def __init__(self) -> None:
-        self.metrics = CollectorRegistry()
+        self.metrics = metrics_registry()  # with the process collector (services/common/metrics.py)
         self._commands_total = Counter(
             "tenure_api_commands_total",
             "Commands published, by type and outcome.",

@@ -8,7 +8,8 @@ The lease coordinator, the projector and the saga orchestrator each serve, on th
                  every check passes (partitions assigned and restored, the log caught up, Kafka
                  answering); else 503 application/problem+json (type /problems/not-ready) with
                  Retry-After, the same "checks" and the names of the failed ones in "failed".
-  GET /metrics   Prometheus text: the process and platform collectors plus the process's own.
+  GET /metrics   Prometheus text: the process and platform collectors plus the process's own
+                 (services/common/metrics.py lists them; docs/architecture.md "Metrics").
 
 A stdlib ThreadingHTTPServer on a daemon thread: a probe never waits for a batch, and no web
 framework is started in a Kafka worker. The probe only reads snapshots the workers publish.
@@ -24,17 +25,11 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    PlatformCollector,
-    ProcessCollector,
-    generate_latest,
-)
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+# The metrics themselves are defined in services/common/metrics.py; re-exported for the
+# processes that import them from here.
+from services.common.metrics import ProcessorMetrics, ProjectionMetrics, StreamMetrics, metrics_registry
 from services.common.problem_json import PROBLEM_JSON, ProblemCatalog, ProblemType
 
 __all__ = [
@@ -90,154 +85,6 @@ class DeferredReadiness:
     def __call__(self) -> Sequence[Check]:
         checks = self._checks
         return [Check("startup", False, self._starting)] if checks is None else checks()
-
-
-def metrics_registry() -> CollectorRegistry:
-    """A registry with the process (CPU, memory, file descriptors) and platform collectors."""
-    registry = CollectorRegistry()
-    ProcessCollector(registry=registry)
-    PlatformCollector(registry=registry)
-    return registry
-
-
-# Batches commit in milliseconds; a broker hiccup stretches one to seconds.
-_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-
-
-
-def _deadletter_counter(registry: CollectorRegistry) -> Counter:
-    """One name and meaning for dead letters, whichever process sets them aside."""
-    return Counter(
-        "tenure_deadletters",
-        "Records set aside on tenure.deadletter, by reason code.",
-        ["reason"],
-        registry=registry,
-    )
-
-class ProcessorMetrics:
-    """What a command processor counts; `aggregate` ("run", "trajectory") labels every series."""
-
-    def __init__(self, aggregate: str, registry: CollectorRegistry | None = None) -> None:
-        self.aggregate = aggregate
-        self.registry = registry if registry is not None else CollectorRegistry()
-        labels = ["aggregate"]
-        self._batches = Counter(
-            "tenure_processor_batches", "Command batches committed.", labels, registry=self.registry
-        )
-        self._commands = Counter(
-            "tenure_processor_commands",
-            "Commands handled, by outcome: accepted, rejected, duplicate, deadlettered (undecodable "
-            "or misaddressed) or failed (its handling raised: dead-lettered and refused).",
-            [*labels, "outcome"],
-            registry=self.registry,
-        )
-        self._events = Counter("tenure_processor_events", "Events committed.", labels, registry=self.registry)
-        self._transaction = Histogram(
-            "tenure_processor_transaction_seconds",
-            "Time of one Kafka transaction of a batch or timer tick (produce, flush, commit).",
-            labels,
-            buckets=_SECONDS_BUCKETS,
-            registry=self.registry,
-        )
-        self._restores = Counter(
-            "tenure_processor_restores", "Partitions restored from the log.", labels, registry=self.registry
-        )
-        self._restored_events = Counter(
-            "tenure_processor_restored_events",
-            "Events folded while restoring partitions.",
-            labels,
-            registry=self.registry,
-        )
-        self._restore_seconds = Histogram(
-            "tenure_processor_restore_seconds",
-            "Time to restore one partition from the log.",
-            labels,
-            buckets=_SECONDS_BUCKETS,
-            registry=self.registry,
-        )
-        self._deadletters = _deadletter_counter(self.registry)
-
-    def batch(self, outcomes: dict[str, int], events: int) -> None:
-        self._batches.labels(self.aggregate).inc()
-        for outcome, count in outcomes.items():
-            if count:
-                self._commands.labels(self.aggregate, outcome).inc(count)
-        if events:
-            self._events.labels(self.aggregate).inc(events)
-
-    def transaction(self, seconds: float) -> None:
-        self._transaction.labels(self.aggregate).observe(seconds)
-
-    def restored(self, events: int, seconds: float) -> None:
-        self._restores.labels(self.aggregate).inc()
-        if events:
-            self._restored_events.labels(self.aggregate).inc(events)
-        self._restore_seconds.labels(self.aggregate).observe(seconds)
-
-    def deadlettered(self, reason: str) -> None:
-        self._deadletters.labels(reason).inc()
-
-
-class StreamMetrics:
-    """What the stream runtime counts: retried transient failures and rebalances, per `app`."""
-
-    def __init__(self, app: str, registry: CollectorRegistry | None = None) -> None:
-        self.app = app
-        self.registry = registry if registry is not None else CollectorRegistry()
-        self._retries = Counter(
-            "tenure_stream_retries",
-            "Transient failures retried with backoff, by the work that failed (batch, tick, assign).",
-            ["app", "work"],
-            registry=self.registry,
-        )
-        self._assignments = Counter(
-            "tenure_stream_assignments", "Partition assignments received.", ["app"], registry=self.registry
-        )
-        self._partitions = Gauge(
-            "tenure_stream_partitions_assigned",
-            "Partitions of the command topic this process owns.",
-            ["app"],
-            registry=self.registry,
-        )
-
-    def retried(self, work: str) -> None:
-        self._retries.labels(self.app, work).inc()
-
-    def assigned(self, partitions: int) -> None:
-        self._assignments.labels(self.app).inc()
-        self._partitions.labels(self.app).set(partitions)
-
-    def revoked(self) -> None:
-        self._partitions.labels(self.app).set(0)
-
-
-class ProjectionMetrics:
-    """What the projector counts: records folded into views and dead letters, per topic."""
-
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry()
-        self._records = Counter(
-            "tenure_projection_records",
-            "Records of an event topic folded into the views.",
-            ["topic"],
-            registry=self.registry,
-        )
-        self._caught_up = Gauge(
-            "tenure_projection_caught_up",
-            "1 once the views have folded their topic up to its end as of start-up.",
-            ["topic"],
-            registry=self.registry,
-        )
-        self._deadletters = _deadletter_counter(self.registry)
-
-    def folded(self, topic: str, records: int) -> None:
-        self._records.labels(topic).inc(records)
-
-    def caught_up(self, topic: str) -> None:
-        self._caught_up.labels(topic).set(1)
-
-    def deadlettered(self, reason: str) -> None:
-        self._deadletters.labels(reason).inc()
 
 
 class HealthServer:

@@ -25,6 +25,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from services.common.auth import Principal, authenticate, parse_api_keys, warn_if_development_mode
 from services.common.http_guard import HttpGuard
+from services.common.http_metrics import install_http_metrics
 from services.common.ids import ACTION_HASH_PATTERN, is_attempt_id, is_run_id
 from services.common.problem_json import Problem, ProblemCatalog, ProblemType, install_problem_handlers
 from services.common.settings import TenureSettings
@@ -289,6 +290,7 @@ def create_app(
     app.state.api_keys = keys
     install_problem_handlers(app, CATALOG)
     app.add_middleware(HttpGuard, catalog=CATALOG, max_body_bytes=max_body_bytes or settings.max_body_bytes)
+    install_http_metrics(app)  # outside the guard, so its refusals are counted too; GET /metrics
     # Outermost: every request is a span continuing its caller's traceparent (issue 17).
     app.add_middleware(TracingMiddleware)
 

@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.common.tracing import TracingMiddleware
+from services.common.http_metrics import install_http_metrics
 from services.fenced_ledger.ledger import (
     Apply,
     BalanceOverflow,
@@ -304,6 +305,7 @@ def create_app(store: LedgerStore, *, faults_enabled: bool = False) -> FastAPI:
     faults = FaultPlan()
     app.state.faults = faults
     _register_problem_handlers(app)
+    install_http_metrics(app)  # GET /metrics: requests by route and status, the process collector
 
     # Plain `def` handlers: FastAPI runs them on worker threads, so the blocking SQLite calls
     # (and the injected sleep) never stall the event loop, and requests really run concurrently.

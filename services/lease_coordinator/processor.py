@@ -55,6 +55,7 @@ from services.lease_coordinator.domain import (
     rejection_event,
     reservations,
 )
+from services.lease_coordinator.metrics import LeaseMetrics
 from services.lease_coordinator.state_codec import decode_state, encode_state
 
 __all__ = [
@@ -215,3 +216,4 @@ class RunCommandProcessor(AggregateProcessor[RunState, RunCommand, RunEvent, Adm
             clock,
             metrics=metrics or ProcessorMetrics("run"),
         )
+        LeaseMetrics(self.metrics)  # counts what each committed transaction holds

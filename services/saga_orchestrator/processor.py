@@ -72,6 +72,7 @@ from services.saga_orchestrator.domain import (
     evolve,
     pending_work,
 )
+from services.saga_orchestrator.metrics import RecoveryMetrics
 from services.saga_orchestrator.state_codec import decode_state, encode_state
 from services.saga_orchestrator.step_artifacts import step_artifact
 
@@ -311,6 +312,7 @@ class TrajectoryProcessor(
             metrics=metrics or ProcessorMetrics("trajectory"),
             on_changed=on_changed,
         )
+        RecoveryMetrics(self.metrics)  # counts what each committed transaction holds
 
     def restore_partitions(self, partitions: set[int]) -> dict[int, int]:
         """Restore, then hand every live trajectory of `partitions` to the executor."""

@@ -51,6 +51,7 @@ from services.schedules.domain import (
     next_timer_at,
     submission,
 )
+from services.schedules.metrics import ScheduleMetrics
 from services.schedules.state_codec import decode_state, encode_state
 
 __all__ = ["LAYOUT", "RUN_INDEX_PREFIX", "ScheduleDefinition", "ScheduleProcessor"]
@@ -130,3 +131,4 @@ class ScheduleProcessor(AggregateProcessor[ScheduleState, ScheduleCommand, Sched
             clock,
             metrics=metrics or ProcessorMetrics("schedule"),
         )
+        ScheduleMetrics(self.metrics)  # counts what each committed transaction holds

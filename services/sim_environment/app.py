@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.common.tracing import TracingMiddleware
+from services.common.http_metrics import install_http_metrics
 from services.sim_environment.verifiers import UnknownVerifier, verify
 from services.sim_environment.world import OPERATIONS, PROBLEM_KINDS, Answer, Fault, World, canonical_json
 
@@ -231,6 +232,7 @@ def create_app(world_factory: Callable[[], World] | None = None, *, time_scale: 
     app = FastAPI(title="Tenure simulated environment", version="1")
     app.state.sim = holder
     _register_problem_handlers(app)
+    install_http_metrics(app)  # GET /metrics: requests by route and status, the process collector
 
     @app.post("/effects")
     async def post_effect(

@@ -42,6 +42,7 @@ from services.common.routing import partition_for_run, trajectory_command_record
 from services.common.store import KeyValueStore
 from services.common.topics import PROGRESS_OBSERVATIONS, WATCHDOG_EVENTS, WATCHDOG_REJECTIONS
 from services.watchdog.domain import DEFAULT_THRESHOLDS, Rejection, Thresholds, WatchdogState, decide, evolve
+from services.watchdog.metrics import WatchdogMetrics
 from services.watchdog.state_codec import decode_state, encode_state
 
 __all__ = ["ACTOR", "WatchdogDefinition", "WatchdogProcessor", "intervention_command"]
@@ -136,3 +137,4 @@ class WatchdogProcessor(AggregateProcessor[WatchdogState, WatchdogCommand, Watch
             clock,
             metrics=metrics or ProcessorMetrics("watchdog"),
         )
+        WatchdogMetrics(self.metrics)  # counts what each committed transaction holds

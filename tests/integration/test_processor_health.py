@@ -37,7 +37,7 @@ def test_the_saga_orchestrator_is_ready_once_its_partitions_are_restored(
         assert live.json() == {"status": "ok", "service": "tenure-saga-orchestrator"}
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
         assert (
-            f'tenure_stream_partitions_assigned{{app="tenure-saga-orchestrator"}} {len(partitions)}.0'
+            f'tenure_stream_assigned_partitions{{app="tenure-saga-orchestrator"}} {len(partitions)}.0'
             in metrics
         )
         assert 'tenure_processor_restores_total{aggregate="trajectory"}' in metrics

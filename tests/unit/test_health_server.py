@@ -119,7 +119,7 @@ def test_metrics_are_prometheus_text_with_process_and_processor_series(
         'tenure_processor_transaction_seconds_count{aggregate="run"} 1.0',
         'tenure_processor_restores_total{aggregate="run"} 1.0',
         'tenure_processor_restored_events_total{aggregate="run"} 12.0',
-        'tenure_stream_partitions_assigned{app="tenure-test"} 4.0',
+        'tenure_stream_assigned_partitions{app="tenure-test"} 4.0',
     ):
         assert line in text, line
     assert 'outcome="rejected"' not in text, "zero counts are not invented"

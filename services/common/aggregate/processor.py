@@ -96,7 +96,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
     ) -> None:
         self.definition = definition
         self.metrics = metrics or ProcessorMetrics(definition.name)
-        self._log = event_log
+        self._log = self.metrics.watch(event_log)  # counts the transactions that did not commit
         self._store = store
         self._codec = codec
         self._clock = clock
@@ -255,6 +255,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
 
     def _handle(self, records: Sequence[InboundRecord]) -> tuple[BatchOutcome, list[S]]:
         d = self.definition
+        handling_started = time.monotonic()
         outcome = self.outcome_type()
         for partition in sorted({r.partition for r in records} - self._restored):
             outcome.restored_events[partition] = self._restore(partition)
@@ -302,6 +303,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
                 outcome.accepted += 1
         outcome.published = self._commit(out, events, changes)
         self.metrics.batch(outcome.by_outcome(), outcome.events)
+        self.metrics.batch_took(time.monotonic() - handling_started)
         return outcome, list(changes.after.values())
 
     def _decide_one(
@@ -505,6 +507,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
             written = self._log.commit(out)
         if out:
             self.metrics.transaction(time.monotonic() - started)
+        self.metrics.committed(events)  # the areas' meters count what was committed (services/*/metrics.py)
         changes.published.extend(self._published_after(events, written))
         for (topic, partition), offset in written.items():
             if topic in (d.events_topic, d.rejections_topic):

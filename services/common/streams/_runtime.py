@@ -259,6 +259,7 @@ class CommandStream:
             async for events in stream.take_events(s.batch_size, within=s.batch_window_s):
                 records = [_record_of(e.message) for e in events]
                 await asyncio.to_thread(self.handle_or_die, records)
+                self._metrics.consumed(records, self._highwater)
 
         app.agent(topic, name=f"{s.app_id}.process")(process)
         if self._on_tick is not None:
@@ -269,6 +270,11 @@ class CommandStream:
 
             app.timer(s.tick_interval_s, on_leader=False)(tick)
         return app
+
+    def _highwater(self, topic: str, partition: int) -> int | None:
+        # The partition's end as the consumer's last fetch saw it: no request of its own.
+        end = self.app.consumer.highwater(faust.types.TP(topic, partition))
+        return int(end) if end is not None else None
 
     # --- the three kinds of work, each classified -----------------------------------------------
 
