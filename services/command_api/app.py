@@ -136,8 +136,7 @@ def create_app(open_deps: Callable[[], ApiDependencies], *, max_body_bytes: int 
         "run's trajectory (saga) step by step and resolve its incidents; report a runner's own steps "
         "to the semantic watchdog and see its interventions; see the tool endpoints' circuit breakers "
         "and bulkheads, and override a breaker (operators). "
-        "Errors are RFC 9457 problem+json; an unexpected failure is a 500 problem, never a page."
-        + REFUSALS,
+        "Errors are RFC 9457 problem+json; an unexpected failure is a 500 problem, never a page." + REFUSALS,
         lifespan=lifespan,
         dependencies=[Depends(well_formed_path_ids)],
         generate_unique_id_function=operation_id,

@@ -25,8 +25,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from services.common.tracing import TracingMiddleware
 from services.common.http_metrics import install_http_metrics
+from services.common.tracing import TracingMiddleware
 from services.fenced_ledger.ledger import (
     Apply,
     BalanceOverflow,

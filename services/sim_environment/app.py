@@ -33,8 +33,8 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from services.common.tracing import TracingMiddleware
 from services.common.http_metrics import install_http_metrics
+from services.common.tracing import TracingMiddleware
 from services.sim_environment.verifiers import UnknownVerifier, verify
 from services.sim_environment.world import OPERATIONS, PROBLEM_KINDS, Answer, Fault, World, canonical_json
 
