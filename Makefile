@@ -32,6 +32,11 @@ install: $(STAMP)
 kafka: $(STAMP)
 	$(BIN)/python -m services.common.broker fetch
 
+# The Confluent wire format's schema registry: Apicurio (in memory) from Maven Central, like Kafka.
+.PHONY: schema-registry
+schema-registry: $(STAMP)
+	$(BIN)/python -m services.common.schema_registry fetch
+
 run: kafka
 	$(BIN)/tenure up
 

@@ -112,3 +112,21 @@ def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real Apicurio Registry (in-memory storage) from Maven Central on a free port
+    (services.common.schema_registry); yields its Confluent-compatible API base URL, the value of
+    TENURE_SCHEMA_REGISTRY_URL. Env TENURE_TEST_SCHEMA_REGISTRY_URL uses a running one instead."""
+    configured = os.environ.get("TENURE_TEST_SCHEMA_REGISTRY_URL")
+    if configured:
+        yield configured
+        return
+    from services.common.schema_registry import start_registry
+
+    handle = start_registry(tmp_path_factory.mktemp("apicurio"))
+    try:
+        yield handle.ccompat_url
+    finally:
+        handle.stop()

@@ -37,6 +37,7 @@ from services.command_api.routes_schedules import schedules_router
 from services.command_api.routes_trajectories import trajectories_router
 from services.command_api.routes_watchdog import watchdog_router
 from services.command_api.routes_work import work_router
+from services.common.avro import SchemaRegistryError
 from services.common.contracts.breakers import ENDPOINT_ID_PATTERN
 from services.common.http_guard import MAX_JSON_DEPTH, HttpGuard
 from services.common.http_metrics import install_http_metrics
@@ -155,6 +156,18 @@ def create_app(open_deps: Callable[[], ApiDependencies], *, max_body_bytes: int 
         return CATALOG.response(
             "unavailable",
             f"{exc}; retry after Retry-After seconds",
+            request.url.path,
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+            retryAfterSeconds=RETRY_AFTER_S,
+        )
+
+    @app.exception_handler(SchemaRegistryError)
+    async def on_schema_registry_error(request: Request, exc: SchemaRegistryError) -> JSONResponse:
+        # TENURE_WIRE_FORMAT=confluent and the registry cannot give the schema's id: nothing was
+        # published (it never falls back to another format), an outage to retry.
+        return CATALOG.response(
+            "unavailable",
+            f"{exc}; nothing was recorded, retry after Retry-After seconds",
             request.url.path,
             headers={"Retry-After": str(RETRY_AFTER_S)},
             retryAfterSeconds=RETRY_AFTER_S,

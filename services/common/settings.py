@@ -87,6 +87,25 @@ class TenureSettings(KafkaSettings):
     )
     state_dir: Path = Field(default_factory=lambda: repo_root() / ".tenure")
     schema_dir: Path | None = Field(default=None, description="Avro schemas; default <repo>/schemas.")
+    # --- the wire format (services/common/avro/_registry.py; docs "Interoperability") ---
+    wire_format: Literal["single-object", "confluent"] = Field(
+        default="single-object", description="What producers write; readers accept both formats."
+    )
+    schema_registry_url: str = Field(
+        default="",
+        max_length=2000,
+        description="Confluent-compatible API base (Apicurio: http://host:8080/apis/ccompat/v7).",
+    )
+    schema_registry_username: str = Field(default="", description="HTTP basic auth; empty = none.")
+    schema_registry_password: SecretStr = Field(default=SecretStr(""), description="Never logged or shown.")
+    schema_registry_timeout_s: float = Field(default=5.0, gt=0, le=60, description="Per registry call.")
+
+    @model_validator(mode="after")
+    def _confluent_needs_a_registry(self) -> TenureSettings:
+        if self.wire_format == "confluent" and not self.schema_registry_url:
+            raise ValueError("TENURE_WIRE_FORMAT=confluent needs TENURE_SCHEMA_REGISTRY_URL")
+        return self
+
     instance_id: str = Field(default="0", description="Stable per process: static group membership.")
     api_host: str = "127.0.0.1"
     api_port: int = 8000

@@ -494,7 +494,7 @@ def test_a_named_type_defined_inline_in_several_files_is_scoped_to_each_file(tmp
 
 
 @pytest.mark.parametrize(
-    "data", [b"", b"\xc3", b"\xc3\x01\x00\x00", b"\x00\x01" + bytes(8) + b"\x02", b'{"json":1}']
+    "data", [b"", b"\xc3", b"\xc3\x01\x00\x00", b"\x01\x01" + bytes(8) + b"\x02", b'{"json":1}']
 )
 def test_bad_magic_or_truncated_header_is_bad_magic(registry: SchemaRegistry, data: bytes) -> None:
     with pytest.raises(UndecodableRecord) as raised:

@@ -48,6 +48,7 @@ from typing import Generic, TypeVar
 
 from services.common.aggregate.changes import BatchOutcome, Changes, Decided
 from services.common.aggregate.definition import AggregateDefinition, Refused, Transition
+from services.common.avro import SchemaRegistryError
 from services.common.clock import Clock
 from services.common.contracts import CommandRejected
 from services.common.eventlog import EventLog
@@ -285,6 +286,8 @@ class AggregateProcessor(Generic[S, C, E, X]):
                     decided = self._decide_one(record, command, state, now, context, partition, changes)
                     decided.written[:] = traced_records(decided.written)
                     remember(aggregate_id)
+            except SchemaRegistryError:
+                raise  # the registry's outage, not the command's fault: retry the batch
             except Exception as exc:
                 out += self._set_aside(record, command, state, exc, now)
                 changes.rejected.add(command_id)
@@ -446,6 +449,8 @@ class AggregateProcessor(Generic[S, C, E, X]):
                     decided = self._evolve(
                         aggregate_id, partition, state, d.decide_timers(state, now), changes
                     )
+                except SchemaRegistryError:
+                    raise  # the registry's outage, not the timer's fault: retry the tick
                 except Exception as exc:
                     out.append(self._set_timer_aside(partition, aggregate_id, state, due, exc))
                     changes.timer_failures[aggregate_id] = d.version(state)

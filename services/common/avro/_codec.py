@@ -4,6 +4,9 @@ Wire format (Avro spec, "Single-object encoding"): b"\\xC3\\x01", then the 8-byt
 CRC-64-AVRO fingerprint of the writer schema's Parsing Canonical Form, then the schemaless
 Avro body. A reader finds the writer schema by fingerprint and resolves the body into the
 latest version of the same record name, so consumers never see an old shape.
+
+As an option (TENURE_WIRE_FORMAT=confluent, _registry.py) encode writes the Confluent framing
+(magic byte 0 + 4-byte schema id) instead; decode accepts both framings, always.
 """
 
 from __future__ import annotations
@@ -33,6 +36,12 @@ from services.common.avro._errors import (
     SchemaViolation,
     UndecodableRecord,
     UnknownSchema,
+)
+from services.common.avro._registry import (
+    CONFLUENT_MAGIC,
+    ConfluentWire,
+    confluent_to_single_object,
+    wire_from_settings,
 )
 from services.common.settings import schema_dir_override
 
@@ -135,7 +144,9 @@ def _load_schema_file(root: Path, path: Path) -> SchemaVersion:
 class SchemaRegistry:
     """Every version of every Tenure record schema, indexed by name and by fingerprint."""
 
-    def __init__(self, versions: Iterable[SchemaVersion]) -> None:
+    def __init__(self, versions: Iterable[SchemaVersion], wire: ConfluentWire | None = None) -> None:
+        # The Confluent wire format (_registry.py): None = single-object only, no registry.
+        self.wire = wire
         self._by_name: dict[str, list[SchemaVersion]] = {}
         self._by_fingerprint: dict[int, SchemaVersion] = {}
         for version in sorted(versions, key=lambda v: (v.full_name, v.version)):
@@ -157,10 +168,10 @@ class SchemaRegistry:
                 self._resolve_latest[version.fingerprint] = (version, None if latest is version else latest)
 
     @classmethod
-    def from_directory(cls, path: Path) -> SchemaRegistry:
+    def from_directory(cls, path: Path, wire: ConfluentWire | None = None) -> SchemaRegistry:
         if not path.is_dir():
             raise SchemaFileError(f"schema directory {path} does not exist")
-        return cls(_load_schema_file(path, file) for file in sorted(path.rglob("*.avsc")))
+        return cls((_load_schema_file(path, file) for file in sorted(path.rglob("*.avsc"))), wire)
 
     def names(self) -> tuple[str, ...]:
         return tuple(sorted(self._by_name))
@@ -195,10 +206,14 @@ class SchemaRegistry:
             fastavro.schemaless_writer(body, schema._working, dict(record))
         except (TypeError, ValueError, OverflowError) as exc:
             raise SchemaViolation(full_name, "<record>", f"cannot be written: {exc}") from exc
+        if self.wire is not None and self.wire.writes_confluent:
+            return self.wire.frame(schema.full_name, schema.declared, body.getvalue())
         return SINGLE_OBJECT_MAGIC + schema.fingerprint.to_bytes(8, "little") + body.getvalue()
 
     def decode(self, data: bytes, *, reader_version: int | None = None) -> Decoded:
         """Decode into the latest version of the writer's record (or `reader_version` of it)."""
+        if data[:1] == CONFLUENT_MAGIC:  # the writer's schema by registry id, then as below
+            data = confluent_to_single_object(self.wire, data, self._by_fingerprint)
         if len(data) < _HEADER_LEN or data[:2] != SINGLE_OBJECT_MAGIC:
             header = bytes(data[:_HEADER_LEN]).hex()
             raise UndecodableRecord(
@@ -278,10 +293,16 @@ def _registry_at(root: Path) -> SchemaRegistry:
     return SchemaRegistry.from_directory(root)
 
 
+@cache
+def _registry_at_with_wire(root: Path, wire: ConfluentWire | None) -> SchemaRegistry:
+    return SchemaRegistry.from_directory(root, wire) if wire is not None else _registry_at(root)
+
+
 def default_registry() -> SchemaRegistry:
-    """The registry of `<repo>/schemas`, or of $TENURE_SCHEMA_DIR; loaded once per directory."""
+    """The registry of `<repo>/schemas`, or of $TENURE_SCHEMA_DIR; loaded once per directory;
+    with the process's wire format (TENURE_WIRE_FORMAT, TENURE_SCHEMA_REGISTRY_URL)."""
     root = schema_dir_override() or Path(__file__).resolve().parents[3] / "schemas"
-    return _registry_at(root.resolve())
+    return _registry_at_with_wire(root.resolve(), wire_from_settings(fingerprint_of))
 
 
 def encode(full_name: str, record: Mapping[str, Any]) -> bytes:

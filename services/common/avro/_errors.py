@@ -34,6 +34,9 @@ class DecodeFailure(StrEnum):
     UNKNOWN_FINGERPRINT = "UNKNOWN_FINGERPRINT"  # writer schema is not in this registry
     CORRUPT_BODY = "CORRUPT_BODY"  # body does not parse with the writer schema
     INCOMPATIBLE_SCHEMA = "INCOMPATIBLE_SCHEMA"  # writer cannot be resolved into the reader
+    UNKNOWN_SCHEMA_ID = "UNKNOWN_SCHEMA_ID"  # Confluent framing: the registry has no such id, or
+    # its schema is none of Tenure's
+    NO_SCHEMA_REGISTRY = "NO_SCHEMA_REGISTRY"  # Confluent framing, but no registry is configured
 
 
 class UndecodableRecord(AvroCodecError):
@@ -44,3 +47,16 @@ class UndecodableRecord(AvroCodecError):
         super().__init__(f"{reason_code}: {detail}")
         self.reason_code = reason_code
         self.detail = detail
+
+
+class SchemaRegistryError(AvroCodecError, ConnectionError):
+    """The schema registry could not be used (unreachable, timed out, 5xx, refused the
+    credentials or the schema): transient for the caller, which retries the whole batch; never
+    a reason to dead-letter a record or to write another format instead. `status` is the HTTP
+    status when the registry answered. A ConnectionError, so that the stream runtime classifies
+    it as transient (retried with backoff, /readyz not ready) like a lost broker connection."""
+
+    def __init__(self, detail: str, status: int | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.status = status
