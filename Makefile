@@ -142,3 +142,8 @@ RESTORE_ARGS ?= --events 1000000
 .PHONY: bench-restore
 bench-restore: kafka
 	$(BIN)/python -m bench.restore $(RESTORE_ARGS)
+
+# The runner SDK as its own wheel (issue 17): tenure-sdk, import name tenure_sdk, httpx + xxhash only.
+.PHONY: sdk-wheel
+sdk-wheel: $(STAMP)
+	$(BIN)/pip wheel --no-deps -w dist ./sdk

@@ -8,11 +8,9 @@ consumer can drop the repeat by id or by (aggregate, version).
 from __future__ import annotations
 
 import hashlib
-import json
 import re
-from typing import Any
 
-import xxhash
+from services.runner_sdk.hashing import action_hash, canonical_json  # the one definition (SDK)
 
 __all__ = [
     "ACTION_HASH_PATTERN",
@@ -70,24 +68,10 @@ def is_incident_id(value: object) -> bool:
     return _shaped(_INCIDENT_ID, value)
 
 
-def canonical_json(value: Any) -> str:
-    """JSON with sorted keys and no insignificant whitespace: equal values give equal text."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
 # WD-4: a step's action is named by a 64-bit xxHash of its tool id and canonical JSON arguments,
 # 16 lowercase hex digits; a state snapshot by the SHA-256 of its canonical form (WD-1).
 ACTION_HASH_PATTERN = r"^[0-9a-f]{16}$"
 STATE_HASH_PATTERN = r"^[0-9a-f]{64}$"
-
-
-def action_hash(tool: str, arguments: Any) -> str:
-    """WD-4: xxHash64 of `tool` + NUL + canonical JSON of `arguments`, as 16 lowercase hex digits.
-
-    The one definition every party uses (the saga for the steps it dispatches and refuses, the
-    gateway, the API and the runner SDK for the steps a runner reports), so that one action has
-    one hash wherever it is seen. The NUL keeps ("a", "bc") apart from ("ab", "c")."""
-    return xxhash.xxh64_hexdigest(f"{tool}\x00{canonical_json(arguments)}".encode())
 
 
 def sha256_digest(text: str) -> str:

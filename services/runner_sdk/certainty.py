@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from services.runner_sdk.errors import InvalidCertaintyTransition
+from .errors import InvalidCertaintyTransition
 
 __all__ = [
     "TERMINAL_CERTAINTIES",

@@ -35,16 +35,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.runner_sdk.canonical import (
+from .canonical import (
     DEFAULT_IGNORED,
     DEFAULT_VOLATILE_KEYS,
     json_state_hash,
     tree_state_hash,
 )
-from services.runner_sdk.errors import TenureRunnerError
-from services.runner_sdk.interventions import Intervention
-from services.runner_sdk.trajectory import LeaseLike
-from services.runner_sdk.watchdog import ObservationReceipt, WatchdogClient
+from .errors import TenureRunnerError
+from .interventions import Intervention
+from .trajectory import LeaseLike
+from .watchdog import ObservationReceipt, WatchdogClient
 
 __all__ = ["RUN_START", "Checkpoint", "CheckpointMissing", "Checkpoints", "LoopGuard", "Restored"]
 

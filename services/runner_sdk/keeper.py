@@ -33,15 +33,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from services.common.backoff import Backoff
-from services.runner_sdk.certainty import (
+from .backoff import Backoff
+from .certainty import (
     TERMINAL_CERTAINTIES,
     Certainty,
     CertaintyTracker,
     JournalEntry,
     JournalKind,
 )
-from services.runner_sdk.client import (
+from .client import (
     EffectResult,
     Lease,
     RenewalAnswer,
@@ -49,7 +49,7 @@ from services.runner_sdk.client import (
     TenureClient,
     check_outcome,
 )
-from services.runner_sdk.errors import (
+from .errors import (
     LeaseConflict,
     LeaseInJeopardy,
     LeaseLost,

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from services.runner_sdk.errors import (
+from .errors import (
     LeaseConflict,
     RequestRejected,
     TenureRunnerError,
@@ -24,7 +24,7 @@ from services.runner_sdk.errors import (
 )
 
 if TYPE_CHECKING:
-    from services.runner_sdk.client import Lease, RenewalAnswer
+    from .client import Lease, RenewalAnswer
 
 __all__ = ["BATCH_RENEWAL_MAX", "BatchRenewalResult", "RenewalStatus", "batch_results", "renewal_item"]
 

@@ -28,9 +28,9 @@ from urllib.parse import quote
 
 import httpx
 
-from services.common.backoff import Backoff
-from services.runner_sdk.client import api_http_client
-from services.runner_sdk.errors import (
+from .backoff import Backoff
+from .client import api_http_client
+from .errors import (
     LeaseConflict,
     RequestRejected,
     TenureProblem,
@@ -38,7 +38,7 @@ from services.runner_sdk.errors import (
     TenureUnavailable,
     UnexpectedResponse,
 )
-from services.runner_sdk.interventions import Intervention, as_inbox
+from .interventions import Intervention, as_inbox
 
 __all__ = [
     "IN_FLIGHT_STATUSES",

@@ -26,12 +26,12 @@ from urllib.parse import quote
 
 import httpx
 
-from services.common.ids import action_hash as _action_hash
-from services.runner_sdk.canonical import state_hash
-from services.runner_sdk.client import api_http_client
-from services.runner_sdk.errors import TenureUnavailable
-from services.runner_sdk.interventions import Intervention, as_inbox
-from services.runner_sdk.trajectory import LeaseLike, TrajectoryRejected, _answer, _json
+from .canonical import state_hash
+from .client import api_http_client
+from .errors import TenureUnavailable
+from .hashing import action_hash as _action_hash
+from .interventions import Intervention, as_inbox
+from .trajectory import LeaseLike, TrajectoryRejected, _answer, _json
 
 __all__ = ["ERROR_KINDS", "ObservationReceipt", "WatchdogClient", "action_hash", "effect_action_hash"]
 

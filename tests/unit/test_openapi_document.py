@@ -39,10 +39,11 @@ PATH_VALUES = {
     "subject": "acme",
     "index": "0",
     "slug": "not-found",
+    "queue": "default",
 }
 OPERATION_IDS = {
     "abort_trajectory", "acknowledge_rollback", "adopt_lease", "approve_pivot", "block", "blocks",
-    "bulkheads", "cancel_run", "claim", "clear_artifact", "clear_quarantine", "configure",
+    "bulkheads", "cancel_run", "claim", "claim_next", "clear_artifact", "clear_quarantine", "configure",
     "create_schedule", "describe_problem", "disable_breaker", "envelope", "finish_trajectory",
     "force_open_breaker", "get_breaker", "get_run", "get_schedule", "get_trajectory", "get_watchdog",
     "healthz", "heartbeat", "lease_record", "list_breakers", "list_incidents", "list_runs",
