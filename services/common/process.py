@@ -159,8 +159,9 @@ def serve_aggregate(
         ),
         metrics=StreamMetrics(spec.app_id, registry),
     )
-    # Every transaction of this instance carries the generation of its assignment (issue 16).
-    event_log.fence = stream.group_fence
+    # With TENURE_GROUP_FENCE, every transaction carries the generation of its assignment (issue 16).
+    if settings.group_fence:
+        event_log.fence = stream.group_fence
     readiness.become(stream.checks)
     stream.run()
 

@@ -275,6 +275,14 @@ class TenureSettings(KafkaSettings):
         le=1000,
         description="A numeric TENURE_INSTANCE_ID n serves health on its port + n * stride (0 = same port).",
     )
+    # Off by default: with it on, a batch in flight when the broker restarts can wait on its
+    # transactional offset commit while faust's rebalance waits on the batch (docs/architecture.md,
+    # "Scale-out", the generation fence); tests/integration/test_scale_out_fencing.py runs with it.
+    group_fence: bool = Field(
+        default=False,
+        description="Commit each batch's command offsets in its transaction under the group generation "
+        "(KIP-447), so an owner the group evicted cannot commit; see the caveat in the docs.",
+    )
 
     # --- the artifact object store (EXE-15; services/common/objectstore): filesystem or S3 ---
     object_store: Literal["filesystem", "s3"] = Field(
