@@ -58,6 +58,7 @@ def _path(template: str) -> str:
         "endpoint": "ledger",
         "artifact_id": "art_" + "0" * 32,
         "schedule_id": "sch_0123456789abcdef",
+        "queue": "default",
     }
     for name, value in values.items():
         template = template.replace("{" + name + "}", value)
