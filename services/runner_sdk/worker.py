@@ -282,6 +282,7 @@ class Worker:
             else:
                 outcome, code, detail = "cancelled", "", "stopped on request"
             manifest = None
+        waiting = Backoff(base_s=0.05, cap_s=1.0)  # full jitter while the lease is in jeopardy
         while True:
             try:
                 task.keeper.finish(outcome, code, detail, manifest, retries=self.report_retries)
@@ -289,7 +290,7 @@ class Worker:
             except LeaseInJeopardy:
                 # LEASE-4: nothing may be reported on a lease not proven; the keeper goes on
                 # renewing, and either a renewal restores it or the lease is lost.
-                time.sleep(0.05)
+                time.sleep(waiting.next_delay())
             except (LeaseLost, LeaseReleased) as exc:
                 log.warning("run %s: lease lost before its report: %s", task.run_id, exc)
                 return TaskOutcome(task.run_id, task.queue, "lease-lost", "", str(exc))
