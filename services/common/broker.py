@@ -17,6 +17,7 @@ import base64
 import hashlib
 import json
 import os
+import random
 import re
 import shlex
 import shutil
@@ -165,8 +166,20 @@ def ensure_jars(cache_dir: Path | None = None) -> Path:
     return cache_dir
 
 
+# Listening ports are drawn below Linux's ephemeral range (32768-60999 by default): a port the
+# kernel hands out for bind(0) is also what it hands out for outgoing connections, so a port
+# chosen that way can be taken by any client's connection before the child that is meant to
+# listen on it starts (seen as "address already in use" in the test suite).
+_LISTEN_PORTS = range(20_000, 32_000)
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+    """A TCP port nothing listens on right now, outside the ephemeral range."""
+    for _ in range(200):
+        port = random.choice(_LISTEN_PORTS)
+        if _port_free(port):
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:  # a crowded range: any
         probe.bind((HOST, 0))
         return int(probe.getsockname()[1])
 

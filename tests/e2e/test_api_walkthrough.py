@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from services.common.topics import RUNS_EVENTS
 from tests.support.system import (
     ServiceProcess,
     decode_all,
+    free_port,
     read_topic,
     service_env,
     wait_for_http,
@@ -28,15 +28,9 @@ from tests.support.system import (
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class System:
     def __init__(self, bootstrap: str, tmp: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.env = service_env(
             bootstrap, tmp / "state", TENURE_API_PORT=str(self.port), TENURE_DECISION_TIMEOUT_S="10"
         )

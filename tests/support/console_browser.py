@@ -8,7 +8,6 @@ are Debian's, at fixed paths, installed by `make browser-deps`.
 from __future__ import annotations
 
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +20,7 @@ from selenium.webdriver.common.by import By
 
 from services.command_api.app import create_app
 from tests.support.api_harness import InMemoryTenure
+from tests.support.system import free_port
 
 __all__ = [
     "CHROMEDRIVER",
@@ -46,12 +46,6 @@ def missing_browser() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def serve_harness(
     tmp: Path, api_keys: str, tenure: InMemoryTenure | None = None
@@ -59,7 +53,7 @@ def serve_harness(
     """The real app on a real port (uvicorn in a thread) over an InMemoryTenure: (base URL, it)."""
     system = tenure or InMemoryTenure()
     app = create_app(lambda: system.dependencies(tmp, api_keys, decision_timeout_s=5.0))
-    port = _free_port()
+    port = free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="console-api", daemon=True)

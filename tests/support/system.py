@@ -151,12 +151,11 @@ def wait_for_http(url: str, timeout_s: float = 30.0) -> None:
 
 
 def free_port() -> int:
-    """A TCP port nothing listens on right now (for a child's health or API port)."""
-    import socket
+    """A TCP port nothing listens on right now (for a child's health or API port), outside the
+    ephemeral range that clients' connections take theirs from (services/common/broker.py)."""
+    from services.common.broker import free_port as listen_port
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    return listen_port()
 
 
 def wait_for_ready(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -10,13 +9,7 @@ from typing import Any
 
 import httpx
 
-from tests.support.system import ServiceProcess, service_env, wait_for_http, wait_until
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support.system import ServiceProcess, free_port, service_env, wait_for_http, wait_until
 
 
 class TenureSystem:
