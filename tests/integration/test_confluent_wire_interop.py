@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +24,12 @@ import httpx
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from services.common.kafka import CommandPublisher
+from services.common.broker import start_broker
+from services.common.kafka import CommandPublisher, create_topics
 from services.common.messages import MessageCodec
 from services.common.routing import command_record
 from services.common.schema_registry import start_registry
-from services.common.topics import DEADLETTER, RUNS_EVENTS
+from services.common.topics import DEADLETTER, RUNS_EVENTS, TOPICS
 from tests.support.system import (
     REPO_ROOT,
     ServiceProcess,
@@ -40,6 +42,20 @@ from tests.support.system import (
 
 # 600 s: the first run on a machine fetches Apicurio (~140 MB) with Maven inside the fixture.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def own_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A broker of this module's own: the events it writes in the Confluent wire format must not
+    reach the session broker's runs.events, where every later coordinator restores them (and,
+    configured single-object with no registry, dead-letters them)."""
+    state = tmp_path_factory.mktemp("interop-kafka")
+    handle = start_broker(port=free_port(), state_dir=state, data_dir=state / "data", timeout=90.0)
+    try:
+        create_topics(handle.bootstrap_servers, TOPICS)
+        yield handle.bootstrap_servers
+    finally:
+        handle.stop()
 
 
 def _committed_records_of(bootstrap: str, run_id: str, want: int, timeout_s: float) -> list[Any]:
@@ -70,9 +86,9 @@ def _committed_records_of(bootstrap: str, run_id: str, want: int, timeout_s: flo
 
 
 def test_events_in_the_confluent_wire_format_are_read_by_plain_kafka_tools_and_tenure_tail(
-    tenure_topics: str, schema_registry: str, tmp_path: Path
+    own_broker: str, schema_registry: str, tmp_path: Path
 ) -> None:
-    bootstrap = tenure_topics
+    bootstrap = own_broker
     env = service_env(
         bootstrap,
         tmp_path / "state",
@@ -137,13 +153,13 @@ def _retries(port: int) -> float:
 
 
 def test_a_registry_down_at_encode_is_retried_until_it_is_back_never_dead_lettered(
-    tenure_topics: str, tmp_path: Path
+    own_broker: str, tmp_path: Path
 ) -> None:
     """The coordinator cannot register RunSubmitted's schema: its batch fails transiently and is
     retried with backoff (the command is neither dead-lettered nor refused, nothing is written);
     once a registry answers on that address, the same command is decided, in the Confluent wire
     format."""
-    bootstrap = tenure_topics
+    bootstrap = own_broker
     registry_port, health_port = free_port(), free_port()
     url = f"http://127.0.0.1:{registry_port}/apis/ccompat/v7"  # nothing listens there yet
     env = service_env(
