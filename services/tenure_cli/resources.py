@@ -323,6 +323,28 @@ def lease_takeover(args: argparse.Namespace) -> int:
     return show(args, answer, lambda a: json.dumps(a, indent=2))
 
 
+def _watchdog_text(body: Mapping[str, Any]) -> str:
+    rollbacks = body.get("rollbacks") or {}
+    text = (
+        f"Run {body.get('runId')}: watchdog {body.get('status')} at turn {body.get('turn')}, "
+        f"rollbacks {rollbacks.get('used', 0)}/{rollbacks.get('budget', '-')}"
+    )
+    if body.get("pendingRollback"):
+        text += f"\nPending rollback: {body['pendingRollback']}"
+    ladder = body.get("interventions") or []
+    text += "\nInterventions:" + ("" if ladder else " none")
+    for rung in ladder:
+        text += (
+            f"\n  level {rung.get('level')} {rung.get('code')} ({rung.get('interventionId')}), "
+            f"issued {rung.get('issuedAt')}, acknowledged {rung.get('acknowledgedAt') or '-'}"
+        )
+    return text
+
+
+def watchdog_show(args: argparse.Namespace) -> int:
+    return _watch_one(args, lambda: call(args, "GET", _run_path(args.run_id, "/watchdog")), _watchdog_text)
+
+
 def incidents_list(args: argparse.Namespace) -> int:
     return _watch_one(args, lambda: call(args, "GET", "/incidents"), _incidents_table)
 
@@ -364,7 +386,7 @@ def _resource(sub: Any, name: str, help_text: str) -> Any:
 
 
 def add_parsers(sub: Any) -> None:
-    """`tenure runs`, `tenure lease` and `tenure incidents` under the CLI's subcommands."""
+    """`tenure runs`, `tenure lease`, `tenure watchdog` and `tenure incidents` under the CLI's subcommands."""
     runs = _resource(sub, "runs", "runs: submit, list, describe, history, cancel, retry")
     submitting = _verb(runs, "submit", "submit a run (idempotent by --idempotency-key)", submit)
     submitting.add_argument("--tenant", required=True)
@@ -420,6 +442,11 @@ def add_parsers(sub: Any) -> None:
     takeover.add_argument("--holder-kind", choices=["human", "runner"], default="human")
     takeover.add_argument("--lease-seconds", type=int, default=None)
     _write(takeover)
+
+    watchdog = _resource(sub, "watchdog", "a run's semantic watchdog: show")
+    watching = _verb(watchdog, "show", "the ladder: status, detections, interventions (WD-5)", watchdog_show)
+    watching.add_argument("run_id", metavar="RUN")
+    _watchable(watching)
 
     incidents = _resource(sub, "incidents", "incidents of frozen trajectories: list, resolve")
     _watchable(_verb(incidents, "list", "open incidents, oldest first", incidents_list))
