@@ -364,7 +364,14 @@ class ApiContext:
 
         The trajectory follower wakes the request the moment an event past `after` is on the
         log; the answer then waits only for the projection to apply it (milliseconds). A runner
-        that long-polls learns of its step's commit without polling at all."""
+        that long-polls learns of its step's commit without polling at all.
+
+        The first look skips the read barrier: a view past `after` is news to the caller whether
+        or not the log holds more, so the barrier's query (a broker round trip on every step of
+        a runner's loop) is paid only when the fold shows nothing new."""
+        folded = await self.in_thread("the trajectory views", self.deps.views.trajectory_folded, run_id)
+        if folded is not None and int(folded["version"]) > after:
+            return folded
         view = await self.trajectory_view(run_id)
         if view is None or int(view["version"]) > after or wait_s <= 0:
             return view

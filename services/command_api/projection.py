@@ -8,10 +8,11 @@ load balancer. The offsets are written with the views in one atomic write, so a 
 from its own checkpoint and folds only the tail of each log.
 
 Read-your-writes across instances is the `barrier`: a read first asks Kafka where the topic ends
-now (`LogEnds`, one query shared by every read that arrived before it was sent) and waits until
-this instance has folded every partition up to there (`FoldProgress`). A command the client saw
-decided, on whichever instance, is committed below those ends, so the view then shows it. If the
-fold cannot get there within the bound the read is refused (503), never answered stale.
+now (`LogEnds`: one ListOffsets request for the committed ends, shared by every read that arrived
+before it was sent) and waits until this instance has folded every partition up to there
+(`FoldProgress`). A command the client saw decided, on whichever instance, is committed below
+those ends, so the view then shows it. If the fold cannot get there within the bound the read is
+refused (503), never answered stale.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 
 from services.common.backoff import Backoff
 from services.common.decisions import FollowerHealth
-from services.common.kafka import InboundRecord, TopicFollower
+from services.common.kafka import CommittedEnds, InboundRecord, TopicFollower
 from services.common.messages import MessageCodec, UndecodableRecord
 from services.common.store import RocksStore
 from services.common.topics import RUNS_EVENTS, TRAJECTORIES_EVENTS, WATCHDOG_EVENTS
@@ -214,7 +215,7 @@ class ApiProjection:
         self._started = time.monotonic()
         self._stop = threading.Event()
         # Opened on first use: opening the API must not wait for a broker.
-        self._ends_follower: TopicFollower | None = None
+        self._ends_query: CommittedEnds | None = None
         self._ends_lock = threading.Lock()
         self.ends = LogEnds(self._query_ends)
         self._threads = [
@@ -227,10 +228,10 @@ class ApiProjection:
     # --- reads' barrier ---------------------------------------------------------------------
 
     def _query_ends(self, topic: str) -> dict[int, int]:
-        with self._ends_lock:  # one librdkafka consumer, one query at a time
-            if self._ends_follower is None:
-                self._ends_follower = TopicFollower(self._bootstrap, [], client_id=f"{self._client_id}-ends")
-            return self._ends_follower.end_offsets(topic)
+        with self._ends_lock:  # one admin client, one query at a time
+            if self._ends_query is None:
+                self._ends_query = CommittedEnds(self._bootstrap)
+        return self._ends_query.ends(topic)
 
     def barrier(self, topic: str, timeout_s: float) -> bool:
         """Wait until this instance has folded `topic` up to where it ends now; False: not in time."""
@@ -328,7 +329,6 @@ class ApiProjection:
         self._stop.set()
         for thread in self._threads:
             thread.join(10)
-        with self._ends_lock:
-            if self._ends_follower is not None:
-                self._ends_follower.close()
+        with self._ends_lock:  # an admin client holds no group or offsets: dropping it is enough
+            self._ends_query = None
         self.store.close()

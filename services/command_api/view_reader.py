@@ -190,6 +190,13 @@ class ViewReader:
             TRAJECTORIES_EVENTS.name, lambda: self._trajectory_store().get(run_id), run_id
         )
 
+    def trajectory_folded(self, run_id: str) -> dict[str, Any] | None:
+        """The trajectory view as this instance has folded it, without the barrier's query
+        (a long-poll's first look); with a given store, as `trajectory`."""
+        if self._projection is None:
+            return self.trajectory(run_id)
+        return self._trajectory_store().get(run_id)
+
     def step_output(self, run_id: str, step_index: int) -> str | None:
         """The exact output text of a committed step (a saga step's artifact, QUA-2), else None."""
         self._barrier(TRAJECTORIES_EVENTS.name)

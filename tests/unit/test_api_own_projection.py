@@ -223,3 +223,20 @@ def test_a_wait_for_a_heard_version_is_woken_by_the_fold_not_by_polling() -> Non
     shown, took, never = asyncio.run(scenario())
     assert shown == {"runId": "run-w", "version": 2} and took < 2.0
     assert never is None
+
+
+def test_a_long_polls_first_look_reads_the_fold_without_asking_where_the_log_ends() -> None:
+    """A trajectory long-poll's first look (`trajectory_folded`) costs no broker query: a view
+    past the caller's version is news whatever the log holds. A full read still asks (the barrier)."""
+    projection = FakeProjection()
+    queries: list[str] = []
+    counted = projection.ends._query
+    projection.ends._query = lambda topic: (queries.append(topic), counted(topic))[1]  # type: ignore[method-assign]
+    reader = _reader(projection)
+    projection.store.write({"tview/run-t": encode_view({"runId": "run-t", "version": 4})})
+
+    assert reader.trajectory_folded("run-t") == {"runId": "run-t", "version": 4}
+    assert reader.trajectory_folded("run-none") is None
+    assert queries == []
+    assert reader.trajectory("run-t") == {"runId": "run-t", "version": 4}
+    assert len(queries) == 1

@@ -6,6 +6,7 @@ catch-up, projections, tailing and replay.
 """
 
 from services.common.kafka._admin import (
+    CommittedEnds,
     create_topics,
     describe_topics,
     partition_leaders,
@@ -27,6 +28,7 @@ from services.common.kafka._transactional import TransactionalWriter, WriterFenc
 
 __all__ = [
     "CommandPublisher",
+    "CommittedEnds",
     "GroupFence",
     "InboundRecord",
     "KafkaAuthenticationError",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Iterable
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
+from confluent_kafka.admin._listoffsets import OffsetSpec
 from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewTopic
 
@@ -17,7 +19,14 @@ from services.common.kafka._errors import AuthenticationWatch
 from services.common.settings import KafkaSettings
 from services.common.topics import TopicSpec
 
-__all__ = ["create_topics", "describe_topics", "partition_leaders", "topic_durability", "wait_for_broker"]
+__all__ = [
+    "CommittedEnds",
+    "create_topics",
+    "describe_topics",
+    "partition_leaders",
+    "topic_durability",
+    "wait_for_broker",
+]
 
 
 def _admin(bootstrap_servers: str, watch: AuthenticationWatch | None = None) -> AdminClient:
@@ -144,3 +153,47 @@ def partition_leaders(bootstrap_servers: str, topic: str) -> dict[int, int]:
     """{partition: node id of its leader (-1: none now)} of `topic`."""
     meta = _admin(bootstrap_servers).list_topics(topic, timeout=10.0).topics[topic]
     return {p: int(m.leader) for p, m in meta.partitions.items()}
+
+
+class CommittedEnds:
+    """Where each partition of a topic ends for a read_committed reader (its last stable offset),
+    in one ListOffsets request per partition leader.
+
+    A read barrier asks this before every read, so it must be cheap: the partition list is
+    cached (partitions are added rarely, and a stale list only misses a brand-new partition for
+    `_PARTITIONS_TTL_S`), and the offsets of all partitions travel in one request instead of a
+    watermark query each (about 0.5 ms against 5.5 ms for six partitions on one broker)."""
+
+    _PARTITIONS_TTL_S = 30.0
+
+    def __init__(self, bootstrap_servers: str) -> None:
+        self._admin = _admin(bootstrap_servers)
+        self._partitions: dict[str, tuple[float, list[int]]] = {}
+        self._lock = threading.Lock()
+
+    def _partitions_of(self, topic: str, timeout_s: float) -> list[int]:
+        with self._lock:
+            cached = self._partitions.get(topic)
+        if cached is not None and time.monotonic() - cached[0] < self._PARTITIONS_TTL_S:
+            return cached[1]
+        meta = self._admin.list_topics(topic, timeout=timeout_s).topics[topic]
+        if meta.error is not None:
+            raise KafkaException(meta.error)
+        partitions = sorted(meta.partitions)
+        with self._lock:
+            self._partitions[topic] = (time.monotonic(), partitions)
+        return partitions
+
+    def ends(self, topic: str, timeout_s: float = 10.0) -> dict[int, int]:
+        """{partition: offset after the last committed record} right now."""
+        partitions = self._partitions_of(topic, timeout_s)
+        wanted = {TopicPartition(topic, p): OffsetSpec.latest() for p in partitions}  # type: ignore[no-untyped-call]
+        try:
+            futures = self._admin.list_offsets(
+                wanted, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout_s
+            )
+            return {tp.partition: int(f.result(timeout=timeout_s).offset) for tp, f in futures.items()}
+        except Exception:
+            with self._lock:  # a moved or re-created topic: look its partitions up again next time
+                self._partitions.pop(topic, None)
+            raise
