@@ -20,7 +20,6 @@ import os
 import random
 import re
 import shlex
-import shutil
 import signal
 import socket
 import struct
@@ -43,6 +42,7 @@ from services.common._broker_config import (
     server_properties,
 )
 from services.common.backoff import Backoff
+from services.common.jvm import fetch_with_maven, find_java, log_tail
 from services.common.lifeline import lifeline_argv
 from services.common.settings import TenureSettings
 
@@ -124,44 +124,29 @@ def ensure_jars(cache_dir: Path | None = None) -> Path:
     marker = cache_dir / JARS_MARKER
     if marker.is_file() and marker.read_text().strip() == pom_digest:
         return cache_dir
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise JarFetchError("Maven ('mvn') is not on PATH; it is needed once to fetch Kafka")
-    # Fetch into a private folder and rename, so a crash or a concurrent fetch never leaves a
-    # half-filled cache that looks complete.
-    staging = cache_dir.with_name(f"{cache_dir.name}.fetch-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
     _say(f"fetching Kafka {KAFKA_VERSION} jars with Maven into {cache_dir} ...")
     began = time.monotonic()
-    command = [
-        mvn,
-        "-q",
-        "-B",
-        "-f",
-        str(POM_PATH),
-        "dependency:copy-dependencies",
-        f"-DoutputDirectory={staging}",
-        "-DincludeScope=runtime",
-    ]
-    try:
-        result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=900)
-    except subprocess.TimeoutExpired as error:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise JarFetchError("mvn did not finish fetching the Kafka jars within 900 s") from error
-    jars = sorted(staging.glob("*.jar"))
-    if result.returncode != 0 or not jars:
-        shutil.rmtree(staging, ignore_errors=True)
-        tail = (result.stdout + result.stderr).strip()[-2000:]
-        raise JarFetchError(f"mvn exited with {result.returncode} fetching Kafka jars:\n{tail}")
-    (staging / JARS_MARKER).write_text(pom_digest + "\n")
-    shutil.rmtree(cache_dir, ignore_errors=True)
-    cache_dir.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        staging.rename(cache_dir)
-    except OSError as error:
-        shutil.rmtree(staging, ignore_errors=True)
-        if not marker.is_file():  # else another process finished first; its copy is just as good
-            raise JarFetchError(f"could not move the fetched jars into {cache_dir}: {error}") from error
+
+    def finish(staging: Path) -> None:
+        if not list(staging.glob("*.jar")):
+            raise JarFetchError(f"mvn fetched no Kafka {KAFKA_VERSION} jars into {staging}")
+        (staging / JARS_MARKER).write_text(pom_digest + "\n")
+
+    fetch_with_maven(
+        cache_dir,
+        f"the Kafka {KAFKA_VERSION} jars",
+        lambda staging: [
+            "-f",
+            str(POM_PATH),
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={staging}",
+            "-DincludeScope=runtime",
+        ],
+        finish,
+        lambda cache: (cache / JARS_MARKER).is_file(),
+        JarFetchError,
+    )
+    jars = list(cache_dir.glob("*.jar"))
     _say(f"fetched {len(jars)} jars in {time.monotonic() - began:.1f}s")
     return cache_dir
 
@@ -376,19 +361,7 @@ def _previous_controller_port(config_file: Path, data_dir: Path) -> int | None:
 
 
 def _java() -> str:
-    java_home = TenureSettings().java_home
-    found = str(java_home / "bin" / "java") if java_home else shutil.which("java")
-    if not found or not Path(found).exists():
-        raise BrokerStartError("no 'java' found (set JAVA_HOME or put Java 17+ on PATH)")
-    return found
-
-
-def _log_tail(log_file: Path, lines: int = 30) -> str:
-    try:
-        tail = "\n".join(log_file.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        tail = "(no log written)"
-    return f"tail of {log_file}:\n{tail}"
+    return find_java(BrokerStartError)
 
 
 def _wait_until_ready(handle: BrokerHandle, log_file: Path, timeout: float) -> None:
@@ -398,7 +371,7 @@ def _wait_until_ready(handle: BrokerHandle, log_file: Path, timeout: float) -> N
     backoff = Backoff(base_s=0.02, cap_s=0.2)
     while time.monotonic() < deadline:
         if not handle.running():
-            raise BrokerStartError(f"broker exited during start-up; {_log_tail(log_file)}")
+            raise BrokerStartError(f"broker exited during start-up; {log_tail(log_file)}")
         # The log line means start-up finished (broker unfenced); ApiVersions proves it serves.
         if STARTED_LOG_LINE in log_file.read_text(errors="replace"):
             try:
@@ -407,7 +380,7 @@ def _wait_until_ready(handle: BrokerHandle, log_file: Path, timeout: float) -> N
             except (OSError, BrokerError, struct.error):
                 pass
         time.sleep(backoff.next_delay())
-    raise BrokerStartError(f"broker not ready after {timeout:g}s; {_log_tail(log_file)}")
+    raise BrokerStartError(f"broker not ready after {timeout:g}s; {log_tail(log_file)}")
 
 
 def _format_storage(jars: Path, config_file: Path, data_dir: Path) -> None:

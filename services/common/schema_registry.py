@@ -13,8 +13,6 @@ CLI: ``python -m services.common.schema_registry {fetch,run} [--port N]``.
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +25,7 @@ import httpx
 
 from services.common.backoff import Backoff
 from services.common.broker import REPO_ROOT, free_port, stop_process
+from services.common.jvm import fetch_with_maven, find_java, log_tail
 from services.common.lifeline import lifeline_argv
 from services.common.settings import TenureSettings
 
@@ -65,40 +64,27 @@ def ensure_registry(cache_dir: Path | None = None) -> Path:
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     if (cache_dir / _MARKER).is_file() and (cache_dir / _RUNNER).is_file():
         return cache_dir
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise RegistryStartError("Maven ('mvn') is not on PATH; it is needed once to fetch Apicurio")
-    # Fetch and unpack into a private folder, then rename: never a half-filled cache.
-    staging = cache_dir.with_name(f"{cache_dir.name}.fetch-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
     _say(f"fetching {_ARTIFACT} with Maven into {cache_dir} ...")
-    command = [mvn, "-q", "-B", "dependency:copy", f"-Dartifact={_ARTIFACT}", f"-DoutputDirectory={staging}"]
-    try:
-        result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=900)
-    except subprocess.TimeoutExpired as error:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise RegistryStartError("mvn did not fetch Apicurio within 900 s") from error
-    archives = list(staging.glob("*.tar.gz"))
-    if result.returncode != 0 or len(archives) != 1:
-        shutil.rmtree(staging, ignore_errors=True)
-        tail = (result.stdout + result.stderr).strip()[-2000:]
-        raise RegistryStartError(f"mvn exited with {result.returncode} fetching Apicurio:\n{tail}")
-    with tarfile.open(archives[0]) as archive:
-        archive.extractall(staging, filter="data")
-    archives[0].unlink()
-    if not (staging / _RUNNER).is_file():
-        shutil.rmtree(staging, ignore_errors=True)
-        raise RegistryStartError(f"the Apicurio archive has no {_RUNNER}")
-    (staging / _MARKER).write_text(APICURIO_VERSION + "\n")
-    shutil.rmtree(cache_dir, ignore_errors=True)
-    cache_dir.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        staging.rename(cache_dir)
-    except OSError as error:
-        shutil.rmtree(staging, ignore_errors=True)
-        if not (cache_dir / _MARKER).is_file():  # else a concurrent fetch finished first
-            raise RegistryStartError(f"could not move Apicurio into {cache_dir}: {error}") from error
+
+    def finish(staging: Path) -> None:
+        archives = list(staging.glob("*.tar.gz"))
+        if len(archives) != 1:
+            raise RegistryStartError(f"mvn fetched {len(archives)} Apicurio archives, not one")
+        with tarfile.open(archives[0]) as archive:
+            archive.extractall(staging, filter="data")
+        archives[0].unlink()
+        if not (staging / _RUNNER).is_file():
+            raise RegistryStartError(f"the Apicurio archive has no {_RUNNER}")
+        (staging / _MARKER).write_text(APICURIO_VERSION + "\n")
+
+    fetch_with_maven(
+        cache_dir,
+        f"Apicurio Registry {APICURIO_VERSION}",
+        lambda staging: ["dependency:copy", f"-Dartifact={_ARTIFACT}", f"-DoutputDirectory={staging}"],
+        finish,
+        lambda cache: (cache / _MARKER).is_file(),
+        RegistryStartError,
+    )
     return cache_dir
 
 
@@ -127,21 +113,6 @@ class RegistryHandle:
         return stop_process(self.pid, grace_seconds, self._child)
 
 
-def _java() -> str:
-    java_home = TenureSettings().java_home
-    found = str(java_home / "bin" / "java") if java_home else shutil.which("java")
-    if not found or not Path(found).exists():
-        raise RegistryStartError("no 'java' found (set JAVA_HOME or put Java 17+ on PATH)")
-    return found
-
-
-def _log_tail(log_file: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(log_file.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log written)"
-
-
 def start_registry(
     work_dir: Path, port: int | None = None, timeout_s: float = 90.0, cache_dir: Path | None = None
 ) -> RegistryHandle:
@@ -151,7 +122,7 @@ def start_registry(
     work_dir.mkdir(parents=True, exist_ok=True)
     log_file = work_dir / "apicurio.log"
     command = [
-        _java(),
+        find_java(RegistryStartError),
         *_JVM_OPTS,
         f"-Dquarkus.http.host={HOST}",
         f"-Dquarkus.http.port={port}",
@@ -166,7 +137,7 @@ def start_registry(
     backoff = Backoff(base_s=0.1, cap_s=1.0)
     while time.monotonic() < deadline:
         if not handle.running():
-            raise RegistryStartError(f"Apicurio exited during start-up; {_log_tail(log_file)}")
+            raise RegistryStartError(f"Apicurio exited during start-up; {log_tail(log_file)}")
         try:
             if httpx.get(f"{handle.ccompat_url}/subjects", timeout=2.0).status_code == 200:
                 return handle
@@ -174,7 +145,7 @@ def start_registry(
             pass
         time.sleep(backoff.next_delay())
     handle.stop()
-    raise RegistryStartError(f"Apicurio not ready after {timeout_s:g}s; {_log_tail(log_file)}")
+    raise RegistryStartError(f"Apicurio not ready after {timeout_s:g}s; {log_tail(log_file)}")
 
 
 def main(argv: list[str] | None = None) -> int:
