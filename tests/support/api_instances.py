@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from tests.support.system import ServiceProcess, wait_until
+from tests.support.system import ServiceProcess, wait_for_readyz
 from tests.support.tenure import free_port
 
 __all__ = ["ApiInstance", "open_paths_of", "wait_until_ready"]
@@ -47,25 +47,7 @@ class ApiInstance:
 
 def wait_until_ready(base: str, process: ServiceProcess, timeout_s: float = 90.0) -> dict[str, Any]:
     """Wait for the API's GET /readyz 200 (its own views caught up); returns that body."""
-    last: dict[str, Any] = {}
-
-    def ready() -> dict[str, Any] | None:
-        nonlocal last
-        if not process.alive():
-            raise AssertionError(f"{process.name} exited:\n{process.log_tail()}")
-        try:
-            response = httpx.get(f"{base}/readyz", timeout=3.0)
-        except httpx.HTTPError as exc:
-            last = {"error": str(exc)}
-            return None
-        last = response.json()
-        return last if response.status_code == 200 else None
-
-    try:
-        body: dict[str, Any] = wait_until(ready, timeout_s, f"{base}/readyz", poll_s=0.05)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}; last answer: {last}") from None
-    return body
+    return wait_for_readyz(base, timeout_s, process, poll_s=0.05)
 
 
 def open_paths_of(process: ServiceProcess) -> set[str]:

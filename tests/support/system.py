@@ -161,9 +161,16 @@ def free_port() -> int:
 def wait_for_ready(
     port: int, timeout_s: float = 60.0, process: ServiceProcess | None = None
 ) -> dict[str, Any]:
-    """Wait until a processor's health server answers GET /readyz 200; returns that body.
+    """Wait until a processor's health server answers GET /readyz 200; returns that body."""
+    return wait_for_readyz(f"http://127.0.0.1:{port}", timeout_s, process, poll_s=0.2)
 
-    Fails at once if `process` dies meanwhile, and otherwise names the last 503's failed checks."""
+
+def wait_for_readyz(
+    base: str, timeout_s: float, process: ServiceProcess | None = None, poll_s: float = 0.2
+) -> dict[str, Any]:
+    """Wait until `base`/readyz answers 200 (a processor's health server or an API); returns
+    that body. Fails at once if `process` dies meanwhile, and otherwise names the last 503's
+    failed checks."""
     last: dict[str, Any] = {}
 
     def ready() -> dict[str, Any] | None:
@@ -171,7 +178,7 @@ def wait_for_ready(
         if process is not None and not process.alive():
             raise AssertionError(f"{process.name} exited while waiting for /readyz:\n{process.log_tail()}")
         try:
-            response = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1.0)
+            response = httpx.get(f"{base}/readyz", timeout=3.0)
         except httpx.HTTPError as exc:
             last = {"error": str(exc)}
             return None
@@ -179,7 +186,7 @@ def wait_for_ready(
         return last if response.status_code == 200 else None
 
     try:
-        body: dict[str, Any] = wait_until(ready, timeout_s, f"/readyz on port {port}", poll_s=0.2)
+        body: dict[str, Any] = wait_until(ready, timeout_s, f"{base}/readyz", poll_s=poll_s)
     except AssertionError as exc:
         raise AssertionError(f"{exc}; last answer: {last}") from None
     return body
