@@ -24,8 +24,8 @@ from services.common.avro import (
     encode,
     fingerprint_of,
     headers_for,
-    parsing_canonical_form,
 )
+from tests.support.avro_reference import reference_crc64_avro
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SUBMIT_RUN = "tenure.runs.commands.SubmitRun"
@@ -33,155 +33,6 @@ CANCEL_RUN = "tenure.runs.commands.CancelRun"
 RUN_SUBMITTED = "tenure.runs.events.RunSubmitted"
 RUN_CANCELLED = "tenure.runs.events.RunCancelled"
 COMMAND_REJECTED = "tenure.runs.rejections.CommandRejected"
-
-# Apache Avro's published Parsing Canonical Form / CRC-64-AVRO reference cases, copied verbatim
-# from apache/avro share/test/data/schema-tests.txt (cases 000-033; the file notes that the Java
-# implementation cross-checks these fingerprints). Fingerprints there are Java signed longs;
-# None where the file gives a canonical form only.
-APACHE_SCHEMA_TESTS: list[tuple[str, str, str, int | None]] = [
-    ("000", '"null"', '"null"', 7195948357588979594),
-    ("001", '{"type":"null"}', '"null"', None),
-    ("002", '"boolean"', '"boolean"', -6970731678124411036),
-    ("003", '{"type":"boolean"}', '"boolean"', None),
-    ("004", '"int"', '"int"', 8247732601305521295),
-    ("005", '{"type":"int"}', '"int"', None),
-    ("006", '"long"', '"long"', -3434872931120570953),
-    ("007", '{"type":"long"}', '"long"', None),
-    ("008", '"float"', '"float"', 5583340709985441680),
-    ("009", '{"type":"float"}', '"float"', None),
-    ("010", '"double"', '"double"', -8181574048448539266),
-    ("011", '{"type":"double"}', '"double"', None),
-    ("012", '"bytes"', '"bytes"', 5746618253357095269),
-    ("013", '{"type":"bytes"}', '"bytes"', None),
-    ("014", '"string"', '"string"', -8142146995180207161),
-    ("015", '{"type":"string"}', '"string"', None),
-    ("016", "[  ]", "[]", -1241056759729112623),
-    ("017", '[ "int"  ]', '["int"]', -5232228896498058493),
-    ("018", '[ "int" , {"type":"boolean"} ]', '["int","boolean"]', 5392556393470105090),
-    (
-        "019",
-        '{"fields":[], "type":"record", "name":"foo"}',
-        '{"name":"foo","type":"record","fields":[]}',
-        -4824392279771201922,
-    ),
-    (
-        "020",
-        '{"fields":[], "type":"record", "name":"foo", "namespace":"x.y"}',
-        '{"name":"x.y.foo","type":"record","fields":[]}',
-        5916914534497305771,
-    ),
-    (
-        "021",
-        '{"fields":[], "type":"record", "name":"a.b.foo", "namespace":"x.y"}',
-        '{"name":"a.b.foo","type":"record","fields":[]}',
-        -4616218487480524110,
-    ),
-    (
-        "022",
-        '{"fields":[], "type":"record", "name":"foo", "doc":"Useful info"}',
-        '{"name":"foo","type":"record","fields":[]}',
-        -4824392279771201922,
-    ),
-    (
-        "023",
-        '{"fields":[], "type":"record", "name":"foo", "aliases":["foo","bar"]}',
-        '{"name":"foo","type":"record","fields":[]}',
-        -4824392279771201922,
-    ),
-    (
-        "024",
-        '{"fields":[], "type":"record", "name":"foo", "doc":"foo", "aliases":["foo","bar"]}',
-        '{"name":"foo","type":"record","fields":[]}',
-        -4824392279771201922,
-    ),
-    (
-        "025",
-        '{"fields":[{"type":{"type":"boolean"}, "name":"f1"}], "type":"record", "name":"foo"}',
-        '{"name":"foo","type":"record","fields":[{"name":"f1","type":"boolean"}]}',
-        7843277075252814651,
-    ),
-    (
-        "026",
-        (
-            '{ "fields":[{"type":"boolean", "aliases":[], "name":"f1", "default":"true"},\n'
-            '            {"order":"descending","name":"f2","doc":"Hello","type":"int"}],\n'
-            '  "type":"record", "name":"foo"\n}'
-        ),
-        (
-            '{"name":"foo","type":"record","fields":[{"name":"f1","type":"boolean"},'
-            '{"name":"f2","type":"int"}]}'
-        ),
-        -4860222112080293046,
-    ),
-    (
-        "027",
-        '{"type":"enum", "name":"foo", "symbols":["A1"]}',
-        '{"name":"foo","type":"enum","symbols":["A1"]}',
-        -6342190197741309591,
-    ),
-    (
-        "028",
-        '{"namespace":"x.y.z", "type":"enum", "name":"foo", "doc":"foo bar", "symbols":["A1", "A2"]}',
-        '{"name":"x.y.z.foo","type":"enum","symbols":["A1","A2"]}',
-        -4448647247586288245,
-    ),
-    (
-        "029",
-        '{"name":"foo","type":"fixed","size":15}',
-        '{"name":"foo","type":"fixed","size":15}',
-        1756455273707447556,
-    ),
-    (
-        "030",
-        '{"namespace":"x.y.z", "type":"fixed", "name":"foo", "doc":"foo bar", "size":32}',
-        '{"name":"x.y.z.foo","type":"fixed","size":32}',
-        -3064184465700546786,
-    ),
-    (
-        "031",
-        '{ "items":{"type":"null"}, "type":"array"}',
-        '{"type":"array","items":"null"}',
-        -589620603366471059,
-    ),
-    (
-        "032",
-        '{ "values":"string", "type":"map"}',
-        '{"type":"map","values":"string"}',
-        -8732877298790414990,
-    ),
-    (
-        "033",
-        (
-            '{"name":"PigValue","type":"record",\n'
-            ' "fields":[{"name":"value", "type":["null", "int", "long", "PigValue"]}]}'
-        ),
-        (
-            '{"name":"PigValue","type":"record","fields":[{"name":"value",'
-            '"type":["null","int","long","PigValue"]}]}'
-        ),
-        -1759257747318642341,
-    ),
-]
-FINGERPRINTED = [case for case in APACHE_SCHEMA_TESTS if case[3] is not None]
-
-
-def _unsigned(java_long: int) -> int:
-    return java_long % 2**64
-
-
-def _reference_crc64_avro(data: bytes) -> int:
-    """CRC-64-AVRO exactly as the Avro specification's reference code ("Schema Fingerprints")."""
-    empty = 0xC15D213AA4D7A795
-    table = []
-    for i in range(256):
-        fp = i
-        for _ in range(8):
-            fp = (fp >> 1) ^ (empty & -(fp & 1))
-        table.append(fp)
-    fp = empty
-    for byte in data:
-        fp = (fp >> 8) ^ table[(fp ^ byte) & 0xFF]
-    return fp
 
 
 SAMPLES: dict[str, dict[str, Any]] = {
@@ -308,42 +159,6 @@ def registry() -> SchemaRegistry:
     return SchemaRegistry.from_directory(REPO_ROOT / "schemas")
 
 
-# --- fingerprints -------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("case", "schema", "canonical", "_fp"), APACHE_SCHEMA_TESTS)
-def test_parsing_canonical_form_matches_apache_reference(
-    case: str, schema: str, canonical: str, _fp: int | None
-) -> None:
-    assert parsing_canonical_form(schema) == canonical, case
-
-
-@pytest.mark.parametrize(("case", "schema", "_canonical", "java_long"), FINGERPRINTED)
-def test_crc64_avro_fingerprint_matches_apache_reference(
-    case: str, schema: str, _canonical: str, java_long: int
-) -> None:
-    assert fingerprint_of(schema) == _unsigned(java_long), case
-
-
-def test_reference_crc64_implementation_agrees_with_apache_values() -> None:
-    """Validates the spec-transcribed CRC used below as an independent check of the header."""
-    assert len(FINGERPRINTED) >= 8
-    for case, _schema, canonical, java_long in FINGERPRINTED:
-        assert java_long is not None
-        assert _reference_crc64_avro(canonical.encode()) == _unsigned(java_long), case
-
-
-def test_every_registered_schema_fingerprint_is_crc64_of_its_canonical_form(
-    registry: SchemaRegistry,
-) -> None:
-    for name in registry.names():
-        for version in registry.versions(name):
-            assert version.fingerprint == fingerprint_of(version.path.read_text())
-            assert version.fingerprint == _reference_crc64_avro(version.canonical_form.encode())
-            # logicalType is not part of the canonical form; timestamps are plain longs there.
-            assert "logicalType" not in version.canonical_form
-
-
 # --- wire format and round trips ----------------------------------------------------------------
 
 
@@ -367,7 +182,7 @@ def test_single_object_header_is_c301_then_little_endian_fingerprint(
     registry: SchemaRegistry, full_name: str
 ) -> None:
     data = registry.encode(full_name, SAMPLES[full_name])
-    expected_fp = _reference_crc64_avro(registry.latest(full_name).canonical_form.encode())
+    expected_fp = reference_crc64_avro(registry.latest(full_name).canonical_form.encode())
     assert data[:2] == b"\xc3\x01" == SINGLE_OBJECT_MAGIC
     assert data[2:10] == expected_fp.to_bytes(8, "little")
     assert data[2:10].hex() == registry.latest(full_name).fingerprint_hex
