@@ -932,6 +932,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "POST /attempts/{id}/heartbeat per lease)",
     )
     parser.add_argument(
+        "--coordinators",
+        type=int,
+        default=1,
+        help="lease coordinator instances in one consumer group (1-4; issue 16's two-instance figures)",
+    )
+    parser.add_argument(
         "--output",
         default="docs/benchmarks.md",
         help="markdown file whose section for this configuration is replaced or added ('-' writes nothing)",
@@ -941,27 +947,42 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.steps = [int(h) for h in args.heartbeat_seconds.split(",") if h.strip()]
     if not 0 <= args.batch <= 500:
         parser.error("--batch: 0 to 500 leases a request")
+    if not 1 <= args.coordinators <= 4:
+        parser.error("--coordinators: 1 to 4 instances")
     if not args.steps or min(args.steps) < 1 or max(args.steps) * 2 > LEASE_SECONDS:
         parser.error(f"--heartbeat-seconds: whole seconds from 1 to {LEASE_SECONDS // 2}")
     return args
 
 
-def start_services(bootstrap: str, workdir: Path, tag: str) -> tuple[list[Service], int]:
-    """As bench.foundation's, plus the decision timeout the lease API is run with."""
-    port, views_dir, coordinator_dir = free_port(), workdir / "views", workdir / "coordinator"
+def start_services(
+    bootstrap: str, workdir: Path, tag: str, coordinators: int = 1
+) -> tuple[list[Service], int]:
+    """As bench.foundation's, plus the decision timeout the lease API is run with; with
+    `coordinators` > 1, that many lease coordinators in one consumer group (issue 16), each with
+    its own instance id, state folder and health port, listed after the API."""
+    port, views_dir = free_port(), workdir / "views"
     api_env = service_env(
         bootstrap, views_dir, TENURE_API_PORT=str(port), TENURE_DECISION_TIMEOUT_S=str(DECISION_TIMEOUT_S)
     )
-    return [
-        spawn(
-            "lease_coordinator",
-            "services.lease_coordinator",
-            coordinator_dir,
-            service_env(bootstrap, coordinator_dir, TENURE_INSTANCE_ID=f"bench-{tag}"),
-        ),
+
+    def coordinator(index: int) -> Service:
+        name = "lease_coordinator" if index == 0 else f"lease_coordinator-{index}"
+        state = workdir / ("coordinator" if index == 0 else f"coordinator-{index}")
+        env = service_env(
+            bootstrap,
+            state,
+            TENURE_INSTANCE_ID=f"bench-{tag}" if coordinators == 1 else f"bench-{tag}-{index}",
+            TENURE_COORDINATOR_HEALTH_PORT=str(free_port()),
+        )
+        return spawn(name, "services.lease_coordinator", state, env)
+
+    services = [
+        coordinator(0),
         spawn("projections", "services.projections", views_dir, service_env(bootstrap, views_dir)),
         spawn("command_api", "services.command_api", workdir / "api", api_env),
-    ], port
+    ]
+    services += [coordinator(i) for i in range(1, coordinators)]
+    return services, port
 
 
 def submit_runs(
@@ -1075,7 +1096,7 @@ def main(argv: list[str] | None = None) -> int:
         logic = bench_logic(args.runs, workdir)
         cpu.measure("(l) processor logic, in the bench process", before, time.monotonic() - t0)
 
-        services, port = start_services(bootstrap, workdir, tag)
+        services, port = start_services(bootstrap, workdir, tag, args.coordinators)
         cpu.pids.update({s.name: s.process.pid for s in services})
         cpu.threads.pids = {s.name: s.process.pid for s in services}
         total = args.expiry_runs + len(args.steps) * (args.runs + args.expiry_runs)
@@ -1098,7 +1119,9 @@ def main(argv: list[str] | None = None) -> int:
         key = (
             f"runs={args.runs} heartbeat-seconds={','.join(map(str, args.steps))} "
             f"duration={args.duration:g} runners={args.runners} expiry-runs={args.expiry_runs} "
-            f"client={args.client}" + (f" batch={args.batch}" if args.batch else "")
+            f"client={args.client}"
+            + (f" batch={args.batch}" if args.batch else "")
+            + (f" coordinators={args.coordinators}" if args.coordinators > 1 else "")
         )
         if args.output != "-":
             output = Path(args.output) if Path(args.output).is_absolute() else repo_root() / args.output
