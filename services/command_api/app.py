@@ -31,6 +31,7 @@ from services.command_api.routes_admin import admin_router
 from services.command_api.routes_artifacts import artifacts_router
 from services.command_api.routes_breakers import breakers_router
 from services.command_api.routes_leases import leases_router
+from services.command_api.routes_lock import lock_router
 from services.command_api.routes_quarantine import quarantine_router
 from services.command_api.routes_queues import queues_router
 from services.command_api.routes_runs import runs_router
@@ -186,6 +187,7 @@ def create_app(open_deps: Callable[[], ApiDependencies], *, max_body_bytes: int 
     app.include_router(artifacts_router(ctx))
     app.include_router(queues_router(ctx))  # claim-next, POST /queues/{queue}/claim (issue 17)
     app.include_router(console_router(ctx))  # the web console at /ui (issue 17)
+    app.include_router(lock_router(ctx))  # a run's lock for local mode (EXE-16)
     install_openapi(app, CATALOG, PUBLIC_PATHS)
     app.add_middleware(
         HttpGuard,

@@ -29,6 +29,7 @@ from services.tenure_cli.readiness import probe_host
 __all__ = [
     "OUTPUTS",
     "add_api_options",
+    "api_target",
     "call",
     "duration",
     "open_client",
@@ -119,6 +120,18 @@ def add_api_options(parser: argparse.ArgumentParser, top: bool) -> None:
     )
 
 
+def api_target(args: argparse.Namespace, settings: TenureSettings | None = None) -> tuple[str, str]:
+    """The API's base URL and key: --api/--api-key, else TENURE_CLI_API_URL/_KEY, else the local API."""
+    settings = settings or TenureSettings()
+    base = (
+        getattr(args, "api_url", None)
+        or settings.cli_api_url
+        or f"http://{probe_host(settings.api_host)}:{settings.api_port}"
+    )
+    given = getattr(args, "api_key", None)
+    return base, settings.cli_api_key if given is None else given
+
+
 def call(
     args: argparse.Namespace,
     method: str,
@@ -129,13 +142,7 @@ def call(
 ) -> Any:
     """One request to the API; the decoded answer, or RuntimeError with the problem's words."""
     settings = TenureSettings()
-    base = (
-        getattr(args, "api_url", None)
-        or settings.cli_api_url
-        or f"http://{probe_host(settings.api_host)}:{settings.api_port}"
-    )
-    given_key = getattr(args, "api_key", None)
-    key = settings.cli_api_key if given_key is None else given_key
+    base, key = api_target(args, settings)
     headers = {"Accept": "application/json, application/problem+json", **bearer(key)}
     if getattr(args, "idempotency_key", None):
         headers["Idempotency-Key"] = args.idempotency_key

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from services.tenure_cli import breakers, resources, schedules, supervisor, topic_tools
+from services.tenure_cli import breakers, local_mode, resources, schedules, supervisor, topic_tools
 from services.tenure_cli.instances import SCALABLE, parse_instances
 
 __all__ = ["build_parser", "main"]
@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     resources.add_parsers(sub)
     breakers.add_parser(sub)
     schedules.add_parser(sub)
+    local_mode.add_parser(sub)  # tenure local run|sync (EXE-16)
     return parser
 
 

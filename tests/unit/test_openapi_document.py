@@ -52,6 +52,7 @@ OPERATION_IDS = {
     "request_input", "reset_breaker", "resolve_incident", "resume_schedule", "retry_run", "stage",
     "start_trajectory", "submit_run", "suspicion", "takeover", "trigger_schedule", "unblock", "upload",
     "upload_grant",
+    "lock_artifact", "run_lock",  # local mode (EXE-16)
 }  # fmt: skip
 
 

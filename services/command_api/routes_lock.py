@@ -1,0 +1,203 @@
+"""A run's lock (EXE-16): what local mode downloads to run a Run on a local runner.
+
+* GET /runs/{runId}/lock: the pinned, self-verifying document (services.common.contracts.locks):
+  the run id, tenant, agentRevisionId, the executionSpec as submitted with its `specDigest`, the
+  artifacts its `inputs` name (digest, size, media type, where to download them) and a
+  `lockDigest` over the whole. A read like GET /runs/{runId}: any authenticated caller; an input
+  must be an artifact of the run's own tenant, and a TAINTED one is refused (QUA-2), so a lock
+  never pins what the mediation gateway would not serve. Nothing is recorded.
+* GET /runs/{runId}/lock/artifacts/{artifactId}: the bytes of one input of that lock, to the
+  run's submitter (who runs it locally) or an operator, verifier or service. The read goes
+  through the same provenance graph as GET /artifacts/{id}: a TAINTED artifact is refused, and
+  the read is recorded as an edge (this run reads that artifact) before a byte is sent, so a
+  later taint of the input still reaches the run. The run itself is untouched: no claim, no
+  attempt, no event on runs.events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, Field
+
+from services.command_api.context import ApiContext
+from services.command_api.problems import QUARANTINE_REJECTION_PROBLEMS, ApiProblem, problem_response
+from services.command_api.quarantine_deps import publish, quarantine_deps
+from services.common.auth import Principal, Role
+from services.common.contracts.locks import BadInputs, input_artifact_ids, seal_lock
+from services.common.contracts.quarantine import RecordArtifactRead, graph_id
+from services.common.decisions import Rejected
+from services.common.ids import derived_id
+from services.quarantine.domain import servable
+from services.saga_orchestrator.step_artifacts import parse_step_location
+
+__all__ = ["LockedArtifact", "RunLock", "lock_router"]
+
+_READERS = (Role.OPERATOR, Role.VERIFIER, Role.SERVICE)
+
+
+class LockedArtifact(BaseModel):
+    artifactId: str = Field(description="An input the spec names (art_ + 32 hex).")
+    digest: str = Field(description="sha256:<64 hex> of its bytes; check it before use.")
+    sizeBytes: int
+    mediaType: str
+    download: str = Field(description="Where its bytes are served: GET this path.")
+
+
+class RunLock(BaseModel):
+    """The pinned, self-verifying document local mode runs a Run from (EXE-16)."""
+
+    lockVersion: int
+    runId: str
+    tenant: str
+    agentRevisionId: str | None
+    executionSpec: dict[str, Any] = Field(description="The ExecutionSpec as submitted.")
+    specDigest: str = Field(description="sha256 over the canonical JSON of executionSpec.")
+    artifacts: list[LockedArtifact] = Field(description="The inputs executionSpec.inputs names, in order.")
+    lockDigest: str = Field(description="sha256 over the canonical JSON of every other member.")
+
+
+def _download_path(run_id: str, artifact_id: str) -> str:
+    return f"/runs/{run_id}/lock/artifacts/{artifact_id}"
+
+
+def lock_router(ctx: ApiContext) -> APIRouter:
+    router = ctx.guarded(tags=["local mode"])
+
+    async def run_of(run_id: str) -> dict[str, Any]:
+        view = await ctx.view(run_id)
+        if view is None:
+            raise ApiProblem("run-not-found", f"run {run_id} does not exist", runId=run_id)
+        return view
+
+    def inputs_of(view: dict[str, Any]) -> tuple[str, ...]:
+        try:
+            return input_artifact_ids(view["executionSpec"])
+        except BadInputs as exc:
+            raise ApiProblem("validation-failed", f"run {view['runId']}: {exc}", runId=view["runId"]) from exc
+
+    async def envelope(view: dict[str, Any], artifact_id: str) -> Any:
+        """The input's envelope, in the run's own tenant's graph, and servable."""
+        board = quarantine_deps(ctx).board
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(0.5, ctx.remaining())
+        while True:  # a registration just answered may still be on its way to the fold
+            hit = board.artifact(artifact_id)
+            if hit is not None or loop.time() >= deadline:
+                break
+            await asyncio.sleep(0.01)
+        if hit is None or hit[0].graph_id != graph_id(str(view["tenant"])):
+            # Another tenant's artifact is "not found" to this run: its existence is not told.
+            raise ApiProblem(
+                "artifact-not-found",
+                f"run {view['runId']} names input {artifact_id}, which is no artifact of tenant "
+                f"{view['tenant']}",
+                artifactId=artifact_id,
+            )
+        artifact = hit[1]
+        if not servable(artifact):
+            raise ApiProblem(
+                "artifact-quarantined",
+                f"input {artifact_id} is TAINTED (quarantine of run {artifact.taint_origin}); "
+                "no lock pins it until an operator or an independent verifier clears it",
+                code="ARTIFACT_QUARANTINED",
+                artifactId=artifact_id,
+            )
+        return hit
+
+    @router.get(
+        "/runs/{run_id}/lock",
+        response_model=RunLock,
+        summary="The run's lock: pinned spec and verified inputs (EXE-16)",
+    )
+    async def run_lock(run_id: str) -> Any:
+        view = await run_of(run_id)
+        artifacts = []
+        for artifact_id in inputs_of(view):
+            _, artifact = await envelope(view, artifact_id)
+            artifacts.append(
+                {
+                    "artifactId": artifact_id,
+                    "digest": artifact.content_hash,
+                    "sizeBytes": artifact.size_bytes,
+                    "mediaType": artifact.media_type,
+                    "download": _download_path(run_id, artifact_id),
+                }
+            )
+        return seal_lock(
+            run_id, str(view["tenant"]), view.get("agentRevisionId"), view["executionSpec"], artifacts
+        )
+
+    def may_read(who: Principal, view: dict[str, Any]) -> None:
+        if who.role in _READERS or who.name == view.get("submittedBy") or ctx.development_mode:
+            return
+        raise ApiProblem(
+            "forbidden",
+            f"{who.name} did not submit run {view['runId']}; its inputs are read by its submitter "
+            "(who runs it locally) or an operator, verifier or service",
+            runId=view["runId"],
+        )
+
+    @router.get(
+        "/runs/{run_id}/lock/artifacts/{artifact_id}",
+        response_class=Response,
+        responses={200: {"content": {"application/octet-stream": {}}, "description": "The bytes."}},
+        summary="The bytes of an input the run's lock pins (EXE-16; read through QUA-2)",
+    )
+    async def lock_artifact(run_id: str, artifact_id: str, request: Request) -> Any:
+        who = ctx.principal(request)
+        view = await run_of(run_id)
+        may_read(who, view)
+        if artifact_id not in inputs_of(view):
+            raise ApiProblem(
+                "artifact-not-found", f"run {run_id}'s lock pins no input {artifact_id[:80]}", runId=run_id
+            )
+        graph, artifact = await envelope(view, artifact_id)
+        now = ctx.deps.clock.now_ms()
+        command = RecordArtifactRead(
+            command_id=derived_id("cmd", artifact_id, "read", run_id, who.name, str(now)),
+            run_id=graph.graph_id,
+            issued_at=now,
+            correlation_id=run_id,
+            actor=who.name,
+            artifact_id=artifact_id,
+            reader_run_id=run_id,
+            reader=who.name,
+        )
+        outcome = await publish(ctx, command)
+        if isinstance(outcome, Rejected):
+            r = outcome.rejection
+            slug = QUARANTINE_REJECTION_PROBLEMS.get(r.code, "artifact-quarantined")
+            return problem_response(slug, r.detail, request.url.path, code=r.code, artifactId=artifact_id)
+        if outcome is None:
+            raise ctx.unavailable("the read was not decided in time; nothing was served")
+        data = await _bytes_of(artifact)
+        return Response(
+            content=data,
+            media_type=artifact.media_type,
+            headers={"X-Tenure-Taint": outcome.event.status, "X-Tenure-Content-Hash": artifact.content_hash},
+        )
+
+    async def _bytes_of(artifact: Any) -> bytes:
+        step = parse_step_location(artifact.location)
+        if step is not None:  # a saga step's output: its text, from the trajectory
+            output = await ctx.in_thread("the trajectory views", ctx.deps.views.step_output, *step)
+            if output is None:
+                raise ApiProblem(
+                    "artifact-not-found", f"the output of {artifact.artifact_id} is not shown yet"
+                )
+            return str(output).encode("utf-8")
+        try:
+            handle = await ctx.in_thread("the object store", ctx.deps.objects.open, artifact.location)
+        except LookupError as exc:
+            raise ApiProblem(
+                "artifact-not-found", f"the bytes of {artifact.artifact_id} are gone: {exc}"
+            ) from exc
+        with handle:
+            data: bytes = await ctx.in_thread("the object store", handle.read)
+        return data
+
+    return router
