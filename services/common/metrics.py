@@ -34,13 +34,16 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
 )
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from services.common.eventlog import EventLog
-from services.common.kafka import InboundRecord, OutboundRecord
+from services.common.kafka import InboundRecord, OutboundRecord, follower_lags
 
 __all__ = [
     "SECONDS_BUCKETS",
     "CommitHook",
+    "FollowerLagCollector",
     "ProcessorMetrics",
     "ProjectionMetrics",
     "StreamMetrics",
@@ -61,11 +64,40 @@ _families_lock = threading.Lock()
 
 
 def metrics_registry() -> CollectorRegistry:
-    """A registry with the process (CPU, memory, file descriptors) and platform collectors."""
+    """A registry with the process (CPU, memory, file descriptors) and platform collectors, and
+    the lag of every log follower the process has open."""
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
+    registry.register(FollowerLagCollector())
     return registry
+
+
+class FollowerLagCollector(Collector):
+    """`tenure_follower_lag_records{follower,topic,partition}`: how far each log follower of the
+    process (the API's own views and decision followers, the gateway's boards, the processors'
+    policy feeds) is behind the partition's end, read at scrape time from what its fetches heard.
+
+    The processors' command consumers report `tenure_consumer_lag_records`; these are the readers
+    that follow a log without a consumer group. `follower` is the follower's client id: one per
+    kind of follower, never a run's."""
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "tenure_follower_lag_records",
+            "Records of a partition a log follower has not read yet: the partition's end as the "
+            "follower's last fetch heard it, minus its position.",
+            labels=["follower", "topic", "partition"],
+        )
+        # Two followers of one kind on one partition (concurrent as-of reads) are one series: the
+        # further behind.
+        worst: dict[tuple[str, str, str], int] = {}
+        for client_id, topic, partition, lag in follower_lags():
+            key = (client_id, topic, str(partition))
+            worst[key] = max(lag, worst.get(key, 0))
+        for labels, lag in sorted(worst.items()):
+            family.add_metric(list(labels), lag)
+        yield family
 
 
 def _family(kind: type[M], registry: CollectorRegistry, name: str, make: Callable[[], M]) -> M:

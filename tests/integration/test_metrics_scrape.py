@@ -20,6 +20,7 @@ from confluent_kafka import KafkaException
 
 from services.breakers.client import BreakerClient
 from services.common.contracts import TRANSPORT_FAILURE
+from services.common.topics import RUNS_EVENTS
 from tests.support.system import ServiceProcess, service_env, wait_for_ready, wait_until
 from tests.support.tenure import TenureSystem, claim, free_port, heartbeat, submit
 
@@ -86,10 +87,26 @@ def test_every_process_serves_metrics_and_the_counters_move_after_a_command_leas
         assert sample(text, "tenure_http_request_duration_seconds_count", route=route, method="POST") == 1
         assert "process_cpu_seconds_total" in text
 
+        # The API's own log followers report their lag too (measured each second by the
+        # follower): its views of runs.events, every partition, caught up.
+        def views_caught_up() -> list[str] | None:
+            views = [
+                line
+                for line in scrape(system.base).splitlines()
+                if line.startswith("tenure_follower_lag_records{")
+                and 'follower="tenure-api-views"' in line
+                and 'topic="runs.events"' in line
+            ]
+            current = len(views) == RUNS_EVENTS.partitions and all(v.endswith(" 0.0") for v in views)
+            return views if current else None
+
+        wait_until(views_caught_up, 15, "the API's views follower reporting no lag")
+
         text = scrape(system.gateway_url)
         route = "/runs/{run_id}/fencing"
         assert sample(text, "tenure_http_requests_total", route=route, method="GET", status="200") == 1
         assert "process_cpu_seconds_total" in text and run["runId"] not in text
+        assert any(line.startswith("tenure_follower_lag_records{") for line in text.splitlines()), text
 
         for url in (system.ledger_url, f"http://127.0.0.1:{projections_port}"):
             assert "process_cpu_seconds_total" in scrape(url), url

@@ -22,7 +22,7 @@ from services.common.kafka._client_settings import (
 from services.common.kafka._errors import KafkaAuthenticationError, is_transient_kafka_error
 from services.common.kafka._group import GroupFence, committed_offsets
 from services.common.kafka._publisher import CommandPublisher
-from services.common.kafka._reader import PartitionReader, TopicFollower
+from services.common.kafka._reader import PartitionReader, TopicFollower, follower_lags
 from services.common.kafka._records import InboundRecord, OutboundRecord
 from services.common.kafka._transactional import TransactionalWriter, WriterFenced
 
@@ -43,6 +43,7 @@ __all__ = [
     "committed_offsets",
     "create_topics",
     "describe_topics",
+    "follower_lags",
     "is_transient_kafka_error",
     "partition_leaders",
     "resource_prefix",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import operator
 import time
+import weakref
 from typing import Any, Iterator, Literal, Mapping
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
@@ -16,9 +17,11 @@ from services.common.kafka._config import base_config, normalise_headers
 from services.common.kafka._errors import AuthenticationWatch
 from services.common.kafka._records import InboundRecord
 
-__all__ = ["PartitionReader", "TopicFollower"]
+__all__ = ["PartitionReader", "TopicFollower", "follower_lags"]
 
 StartAt = Literal["beginning", "end"] | Mapping[int, int]
+# How often a follower measures its own lag for the metrics (a few µs per partition).
+_LAG_EVERY_S = 1.0
 # Records a PartitionReader takes per consume call.
 _READ_BATCH = 5000
 
@@ -167,6 +170,9 @@ class TopicFollower:
     ) -> None:
         watch = AuthenticationWatch(bootstrap_servers)
         self._consumer = _consumer(bootstrap_servers, client_id, eof=False, watch=watch)
+        self.client_id = client_id
+        self._lags: dict[tuple[str, int], int] = {}
+        self._lags_at = 0.0
         metadata = self._metadata(watch)
         assignment: list[TopicPartition] = []
         for topic in topics:
@@ -175,6 +181,9 @@ class TopicFollower:
             for partition in sorted(metadata[topic].partitions):
                 assignment.append(TopicPartition(topic, partition, self._start(topic, partition, start_at)))
         self._consumer.assign(assignment)
+        # Until a partition yields a record its position is unknown: it is where it was assigned.
+        self._assigned = {(tp.topic, tp.partition): tp.offset for tp in assignment if tp.offset >= 0}
+        _LIVE_FOLLOWERS.add(self)
 
     def _metadata(self, watch: AuthenticationWatch, timeout_s: float = 10.0) -> Any:
         # Short attempts, so refused credentials surface in about a second, not after 10.
@@ -203,9 +212,11 @@ class TopicFollower:
     def poll(self, max_records: int = 500, timeout_s: float = 0.2) -> list[InboundRecord]:
         """Wait up to `timeout_s` for the first record, then take what is already there."""
         first = self._consumer.poll(timeout_s)
-        if first is None:
-            return []
-        messages = [first, *self._consumer.consume(max_records - 1, 0)] if max_records > 1 else [first]
+        messages = [] if first is None else [first]
+        if first is not None and max_records > 1:
+            messages += self._consumer.consume(max_records - 1, 0)
+        if time.monotonic() - self._lags_at >= _LAG_EVERY_S:  # after this poll's records
+            self._lags, self._lags_at = self._measure_lags(), time.monotonic()
         records: list[InboundRecord] = []
         for msg in messages:
             error = msg.error()
@@ -233,13 +244,10 @@ class TopicFollower:
         """Records between this follower's positions and the partitions' ends as it last heard
         them from its fetches (no broker call, so cheap enough for a readiness probe); None
         while some partition's end or position is not known yet."""
-        total = 0
-        for tp in self._consumer.position(self._consumer.assignment()):
-            _, high = self._consumer.get_watermark_offsets(tp, cached=True)
-            if high < 0 or tp.offset < 0:
-                return None
-            total += max(0, int(high) - int(tp.offset))
-        return total
+        lags = self._measure_lags()
+        if len(lags) < len(self._consumer.assignment()):
+            return None
+        return sum(lags.values())
 
     def offsets_for_time(self, topic: str, timestamp_ms: int) -> dict[int, int]:
         metadata = self._consumer.list_topics(topic, timeout=10.0).topics[topic]
@@ -247,5 +255,39 @@ class TopicFollower:
         found = self._consumer.offsets_for_times(query, timeout=10.0)
         return {tp.partition: tp.offset for tp in found}
 
+    def _measure_lags(self) -> dict[tuple[str, int], int]:
+        lags: dict[tuple[str, int], int] = {}
+        for tp in self._consumer.position(self._consumer.assignment()):
+            _, high = self._consumer.get_watermark_offsets(tp, cached=True)
+            at = tp.offset if tp.offset >= 0 else self._assigned.get((tp.topic, tp.partition), -1)
+            if high >= 0 and at >= 0:
+                lags[(tp.topic, tp.partition)] = max(0, int(high) - int(at))
+        return lags
+
+    def partition_lags(self) -> dict[tuple[str, int], int]:
+        """{(topic, partition): records between this follower's position and the partition's end
+        as its last fetch heard it}, as measured by the follower's own thread after a poll (at
+        most every `_LAG_EVERY_S`). A scrape reads that and never calls into the consumer:
+        from another thread a call waits for the follower's poll to return. Partitions whose
+        position or end is not known yet are left out."""
+        return dict(self._lags)
+
     def close(self) -> None:
+        _LIVE_FOLLOWERS.discard(self)
         self._consumer.close()
+
+
+# Every open follower of this process, for the metrics scrape (services/common/metrics.py).
+_LIVE_FOLLOWERS: weakref.WeakSet[TopicFollower] = weakref.WeakSet()
+
+
+def follower_lags() -> list[tuple[str, str, int, int]]:
+    """(follower client id, topic, partition, lag) of every open follower of this process."""
+    rows: list[tuple[str, str, int, int]] = []
+    for follower in list(_LIVE_FOLLOWERS):
+        try:
+            lags = follower.partition_lags()
+        except Exception:  # a follower closing or between assignments: it reports next scrape
+            continue
+        rows += [(follower.client_id, topic, partition, lag) for (topic, partition), lag in lags.items()]
+    return rows
