@@ -15,6 +15,8 @@ from the same sources the API answers from:
   `operation_id` below at app construction; a test keeps them unique and unchanged.
 * **Required headers**: an Idempotency-Key that the route refuses to go without.
 * **Retry-After** on every 503.
+* **Typed 2xx answers with examples** for every operation (responses.py, keyed by operationId):
+  documentation only, so no answer changes shape or costs more to send.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 
+from services.command_api.responses import install_responses
 from services.common.problem_json import PROBLEM_JSON, ProblemCatalog
 
 __all__ = ["PROBLEM_SCHEMA", "install_openapi", "operation_id"]
@@ -53,8 +56,9 @@ _EVERY_ROUTE = (400, 422, 500, 503)
 _AUTHENTICATED = (401, 403)
 # Which routes a body can be refused on for its size.
 _WITH_BODY = {"post", "put", "patch"}
-# Routes that refuse to act without an Idempotency-Key (they answer idempotency-key-required).
-_KEY_REQUIRED = {"submit_run", "create_schedule"}
+# Routes that refuse to act without an Idempotency-Key (they answer idempotency-key-required);
+# the others take one to make a repeat safe (create_schedule makes up a key when none is sent).
+_KEY_REQUIRED = {"submit_run"}
 
 
 def operation_id(route: APIRoute) -> str:
@@ -88,6 +92,7 @@ def install_openapi(app: FastAPI, catalog: ProblemCatalog, public_paths: Collect
         schema = get_openapi(
             title=app.title, version=app.version, description=app.description, routes=app.routes
         )
+        install_responses(schema)
         components = schema.setdefault("components", {})
         components.setdefault("schemas", {})["Problem"] = PROBLEM_SCHEMA
         components["schemas"].pop("HTTPValidationError", None)

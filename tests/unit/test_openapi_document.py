@@ -5,11 +5,16 @@ application/problem+json with the Problem schema and a real example; 503s carry 
 operationIds are unique and stable (pinned below: renaming one breaks generated clients, so it
 must be a decision); the Idempotency-Key the submission refuses to go without is required; and
 `security` says exactly which operations answer 401 to a caller without a key, checked by
-sending every operation of the running app without one.
+sending every operation of the running app without one. Every operation declares its 2xx
+answers with a typed schema and an example that validates against it; the epoch-millisecond
+times of the run, lease, attempt and trajectory views declare their RFC 3339 siblings; and the
+generated client (tests/support/openapi_client.py) refuses what the document does not declare.
+The walkthrough through that client on the real system is tests/e2e/test_openapi_client.py.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,10 +24,12 @@ from fastapi.testclient import TestClient
 from openapi_spec_validator import validate
 
 from services.command_api.app import create_app
+from services.command_api.responses import ANSWERS
 from services.common.contracts.ids import attempt_id_for
 from services.common.ids import run_id_for
 from services.common.problem_json import PROBLEM_JSON
 from tests.support.api_harness import InMemoryTenure, api_client
+from tests.support.openapi_client import OpenApiClient, OpenApiMismatch, validator_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -104,6 +111,16 @@ def test_the_submissions_idempotency_key_is_required_and_bearer_auth_is_declared
     submit = doc["paths"]["/runs"]["post"]
     key = next(p for p in submit["parameters"] if p["name"] == "Idempotency-Key")
     assert key["in"] == "header" and key["required"] is True
+    # The others take a key to make a repeat safe and act without one (create_schedule makes one up).
+    optional = [
+        op["operationId"]
+        for _, _, op in _operations(doc)
+        for p in op.get("parameters", [])
+        if p["name"] == "Idempotency-Key" and p.get("required") and op["operationId"] != "submit_run"
+    ]
+    assert optional == []
+    upload = doc["paths"]["/uploads/{grant_id}"]["put"]["requestBody"]
+    assert upload["required"] and upload["content"]["*/*"]["schema"]["format"] == "binary"
     assert doc["components"]["securitySchemes"]["bearerAuth"] == {
         "type": "http",
         "scheme": "bearer",
@@ -129,3 +146,91 @@ def test_security_names_exactly_the_operations_that_refuse_a_caller_without_a_ke
         if (answer.status_code == 401) != secured:
             mismatches.append((method, path, answer.status_code, secured))
     assert mismatches == []
+
+
+def _resolved(doc: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+    while "$ref" in schema:
+        schema = doc["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]
+    return schema
+
+
+def _typed(doc: dict[str, Any], schema: dict[str, Any]) -> bool:
+    if "anyOf" in schema:
+        return all(_typed(doc, s) for s in schema["anyOf"])
+    shown = _resolved(doc, schema)
+    return bool(shown.get("properties")) or shown.get("type") == "string"
+
+
+def test_every_operation_declares_a_typed_2xx_answer_with_an_example_that_validates() -> None:
+    """Issue 17: a generated client gets a type for every success, not `Any`."""
+    doc = _document()
+    untyped, no_example, invalid = [], [], []
+    for path, method, operation in _operations(doc):
+        name = f"{operation['operationId']} ({method.upper()} {path})"
+        successes = {s: r for s, r in operation["responses"].items() if s.startswith("2")}
+        if not successes:
+            untyped.append(f"{name}: no 2xx answer declared")
+        for status, response in successes.items():
+            if status == "204":
+                assert "content" not in response, name
+                continue
+            for media_type, media in response.get("content", {}).items():
+                if not _typed(doc, media.get("schema", {})):
+                    untyped.append(
+                        f"{name} {status} {media_type}: untyped; add it to services/command_api/responses.py"
+                    )
+                if "example" not in media:
+                    no_example.append(f"{name} {status} {media_type}")
+                    continue
+                errors = list(validator_for(doc, media["schema"]).iter_errors(media["example"]))
+                if errors:
+                    invalid.append(f"{name} {status}: {errors[0].message}")
+            if not response.get("content"):
+                untyped.append(f"{name} {status}: no body declared")
+    assert untyped == [] and no_example == [] and invalid == []
+    ids = {op["operationId"] for _, _, op in _operations(doc)}
+    assert set(ANSWERS) <= ids, f"answers declared for no operation: {sorted(set(ANSWERS) - ids)}"
+
+
+def test_answer_models_allow_more_fields_and_times_declare_their_rfc_3339_siblings() -> None:
+    """Forward compatible (additionalProperties), and each `<x>At` of the run, lease, attempt and
+    trajectory views has an optional `<x>AtRfc3339` string (date-time) beside it."""
+    schemas = _document()["components"]["schemas"]
+    for name in ("RunView", "LeaseView", "AttemptView", "HistoryEntry", "Renewal", "LeaseGrant",
+                 "HeartbeatAnswer", "TrajectoryView", "IncidentView", "UploadGrantAnswer"):  # fmt: skip
+        schema = schemas[name]
+        assert schema.get("additionalProperties") is True, name
+        properties = schema["properties"]
+        times = [p for p, s in properties.items() if p.endswith("At") and "integer" in str(s)]
+        assert times, name
+        for field in times:
+            sibling = properties.get(f"{field}Rfc3339")
+            assert sibling is not None, f"{name}.{field} has no {field}Rfc3339"
+            assert sibling.get("format") == "date-time" and f"{field}Rfc3339" not in schema.get(
+                "required", []
+            )
+
+
+def test_the_generated_client_refuses_what_the_document_does_not_declare(tmp_path: Path) -> None:
+    """The e2e walkthrough proves something only if its client fails on a mismatch."""
+    with api_client(tmp_path, tenure=InMemoryTenure()) as (client, _):
+        doc = client.get("/openapi.json").json()
+        spec = {"tenant": "acme", "executionSpec": {"agent": "x"}, "timeoutSeconds": 60}
+        api = OpenApiClient(client, doc)  # type: ignore[arg-type]
+        assert api.submit_run(idempotency_key="k", body=spec).status == 201
+        with pytest.raises(OpenApiMismatch, match="request body"):
+            api.submit_run(idempotency_key="k", body={**spec, "timeoutSeconds": "60"})
+        with pytest.raises(TypeError, match="idempotency_key"):
+            api.submit_run(body=spec)
+        strict = _mutated(doc, lambda d: d["components"]["schemas"]["RunView"]["required"].append("nope"))
+        with pytest.raises(OpenApiMismatch, match="'nope' is a required property"):
+            OpenApiClient(client, strict).submit_run(idempotency_key="k", body=spec)  # type: ignore[arg-type]
+        fewer = _mutated(doc, lambda d: d["paths"]["/runs"]["post"]["responses"].pop("200"))
+        with pytest.raises(OpenApiMismatch, match="answered 200, which the document does not declare"):
+            OpenApiClient(client, fewer).submit_run(idempotency_key="k", body=spec)  # type: ignore[arg-type]
+
+
+def _mutated(doc: dict[str, Any], change: Any) -> dict[str, Any]:
+    copy: dict[str, Any] = json.loads(json.dumps(doc))
+    change(copy)
+    return copy
