@@ -55,10 +55,12 @@ from services.saga_orchestrator.step_artifacts import parse_step_location
 
 __all__ = [
     "ArtifactClearBody",
+    "artifact_bytes",
     "artifact_id_for",
     "artifacts_router",
     "refuse_quarantined",
     "register_upload",
+    "serve_recorded_read",
 ]
 
 ARTIFACT_ID = re.compile(r"art_[0-9a-f]{32}")
@@ -137,6 +139,73 @@ def r_code(outcome: Rejected) -> str:
     return str(outcome.rejection.code)
 
 
+async def artifact_bytes(ctx: ApiContext, artifact: Any) -> bytes:
+    """An upload's bytes from the object store; a saga step's output from its trajectory."""
+    step = parse_step_location(artifact.location)
+    if step is not None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(0.5, ctx.remaining())
+        while True:  # the commit is on the log; its projection may be a moment behind
+            output = await ctx.in_thread("the trajectory views", ctx.deps.views.step_output, *step)
+            if output is not None or loop.time() >= deadline:
+                break
+            await asyncio.sleep(0.01)
+        if output is None:
+            raise ApiProblem("artifact-not-found", f"the output of {artifact.artifact_id} is not shown yet")
+        return output.encode("utf-8")
+    try:
+        handle = await ctx.in_thread("the object store", ctx.deps.objects.open, artifact.location)
+    except LookupError as exc:
+        raise ApiProblem(
+            "artifact-not-found", f"the bytes of {artifact.artifact_id} are gone: {exc}"
+        ) from exc
+    with handle:
+        data: bytes = await ctx.in_thread("the object store", handle.read)
+    return data
+
+
+async def serve_recorded_read(
+    ctx: ApiContext,
+    request: Request,
+    graph: Any,
+    artifact: Any,
+    who: Principal,
+    *,
+    reader_run_id: str,
+    correlation_id: str,
+    key: tuple[str, ...],
+) -> Response:
+    """Serve an artifact's bytes once its read is recorded in the tenant's provenance graph
+    (QUA-2: a later taint of the artifact reaches every run that read it); a refused or
+    undecided read serves nothing. `key` makes the read command's id."""
+    now = ctx.deps.clock.now_ms()
+    command = RecordArtifactRead(
+        command_id=derived_id("cmd", artifact.artifact_id, "read", *key, str(now)),
+        run_id=graph.graph_id,
+        issued_at=now,
+        correlation_id=correlation_id,
+        actor=who.name,
+        artifact_id=artifact.artifact_id,
+        reader_run_id=reader_run_id,
+        reader=who.name,
+    )
+    outcome = await publish(ctx, command)
+    if isinstance(outcome, Rejected):
+        r = outcome.rejection
+        slug = QUARANTINE_REJECTION_PROBLEMS.get(r.code, "artifact-quarantined")
+        return problem_response(
+            slug, r.detail, request.url.path, code=r.code, artifactId=artifact.artifact_id
+        )
+    if outcome is None:
+        raise ctx.unavailable("the read was not decided in time; nothing was served")
+    data = await artifact_bytes(ctx, artifact)
+    return Response(
+        content=data,
+        media_type=artifact.media_type,
+        headers={"X-Tenure-Taint": outcome.event.status, "X-Tenure-Content-Hash": artifact.content_hash},
+    )
+
+
 def artifacts_router(ctx: ApiContext) -> APIRouter:
     router = ctx.guarded(tags=["artifacts"])
 
@@ -154,32 +223,6 @@ def artifacts_router(ctx: ApiContext) -> APIRouter:
         if hit is None:
             raise ApiProblem("artifact-not-found", f"no artifact {artifact_id}")
         return hit
-
-    async def _bytes_of(artifact: Any) -> bytes:
-        """An upload's bytes from the object store; a saga step's output from its trajectory."""
-        step = parse_step_location(artifact.location)
-        if step is not None:
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + min(0.5, ctx.remaining())
-            while True:  # the commit is on the log; its projection may be a moment behind
-                output = await ctx.in_thread("the trajectory views", ctx.deps.views.step_output, *step)
-                if output is not None or loop.time() >= deadline:
-                    break
-                await asyncio.sleep(0.01)
-            if output is None:
-                raise ApiProblem(
-                    "artifact-not-found", f"the output of {artifact.artifact_id} is not shown yet"
-                )
-            return output.encode("utf-8")
-        try:
-            handle = await ctx.in_thread("the object store", ctx.deps.objects.open, artifact.location)
-        except LookupError as exc:
-            raise ApiProblem(
-                "artifact-not-found", f"the bytes of {artifact.artifact_id} are gone: {exc}"
-            ) from exc
-        with handle:
-            data: bytes = await ctx.in_thread("the object store", handle.read)
-        return data
 
     def quarantined(artifact: Any, path: str) -> JSONResponse:
         return problem_response(
@@ -213,30 +256,15 @@ def artifacts_router(ctx: ApiContext) -> APIRouter:
             lease = (reader or {}).get("lease") or {}
             if reader is None or lease.get("holderPrincipal") != who.name:
                 raise ApiProblem("forbidden", f"{who.name} does not hold a lease of run {runId}")
-        command = RecordArtifactRead(
-            command_id=derived_id(
-                "cmd", artifact_id, "read", runId or who.name, str(ctx.deps.clock.now_ms())
-            ),
-            run_id=graph.graph_id,
-            issued_at=ctx.deps.clock.now_ms(),
-            correlation_id=runId or artifact_id,
-            actor=who.name,
-            artifact_id=artifact_id,
+        return await serve_recorded_read(
+            ctx,
+            request,
+            graph,
+            artifact,
+            who,
             reader_run_id=runId or "",
-            reader=who.name,
-        )
-        outcome = await publish(ctx, command)
-        if isinstance(outcome, Rejected):
-            r = outcome.rejection
-            slug = QUARANTINE_REJECTION_PROBLEMS.get(r.code, "artifact-quarantined")
-            return problem_response(slug, r.detail, request.url.path, code=r.code, artifactId=artifact_id)
-        if outcome is None:
-            raise ctx.unavailable("the read was not decided in time; nothing was served")
-        data = await _bytes_of(artifact)
-        return Response(
-            content=data,
-            media_type=artifact.media_type,
-            headers={"X-Tenure-Taint": outcome.event.status, "X-Tenure-Content-Hash": artifact.content_hash},
+            correlation_id=runId or artifact_id,
+            key=(runId or who.name,),
         )
 
     @router.get("/artifacts/{artifact_id}/envelope", summary="An artifact's envelope and taint (audit)")

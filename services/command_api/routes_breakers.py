@@ -309,9 +309,7 @@ def breakers_router(ctx: ApiContext) -> APIRouter:
         if ctx.remaining() < _LAST_READ_S:
             raise ctx.unavailable("the request's deadline passed before its command was sent (nothing was)")
         try:
-            decision = await call(
-                client, endpoint, body.reason, who.name, ctx.remaining(), keyed.command_id
-            )
+            decision = await call(client, endpoint, body.reason, who.name, ctx.remaining(), keyed.command_id)
         except NotDurable as exc:
             fate = "may still be recorded" if exc.may_land else "was not sent"
             raise ctx.unavailable(

@@ -24,15 +24,13 @@ from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
 from services.command_api.context import ApiContext
-from services.command_api.problems import QUARANTINE_REJECTION_PROBLEMS, ApiProblem, problem_response
-from services.command_api.quarantine_deps import publish, quarantine_deps
+from services.command_api.problems import ApiProblem
+from services.command_api.quarantine_deps import quarantine_deps
+from services.command_api.routes_artifacts import serve_recorded_read
 from services.common.auth import Principal, Role
 from services.common.contracts.locks import BadInputs, input_artifact_ids, seal_lock
-from services.common.contracts.quarantine import RecordArtifactRead, graph_id
-from services.common.decisions import Rejected
-from services.common.ids import derived_id
+from services.common.contracts.quarantine import graph_id
 from services.quarantine.domain import servable
-from services.saga_orchestrator.step_artifacts import parse_step_location
 
 __all__ = ["LockedArtifact", "RunLock", "lock_router"]
 
@@ -156,48 +154,15 @@ def lock_router(ctx: ApiContext) -> APIRouter:
                 "artifact-not-found", f"run {run_id}'s lock pins no input {artifact_id[:80]}", runId=run_id
             )
         graph, artifact = await envelope(view, artifact_id)
-        now = ctx.deps.clock.now_ms()
-        command = RecordArtifactRead(
-            command_id=derived_id("cmd", artifact_id, "read", run_id, who.name, str(now)),
-            run_id=graph.graph_id,
-            issued_at=now,
-            correlation_id=run_id,
-            actor=who.name,
-            artifact_id=artifact_id,
+        return await serve_recorded_read(
+            ctx,
+            request,
+            graph,
+            artifact,
+            who,
             reader_run_id=run_id,
-            reader=who.name,
+            correlation_id=run_id,
+            key=(run_id, who.name),
         )
-        outcome = await publish(ctx, command)
-        if isinstance(outcome, Rejected):
-            r = outcome.rejection
-            slug = QUARANTINE_REJECTION_PROBLEMS.get(r.code, "artifact-quarantined")
-            return problem_response(slug, r.detail, request.url.path, code=r.code, artifactId=artifact_id)
-        if outcome is None:
-            raise ctx.unavailable("the read was not decided in time; nothing was served")
-        data = await _bytes_of(artifact)
-        return Response(
-            content=data,
-            media_type=artifact.media_type,
-            headers={"X-Tenure-Taint": outcome.event.status, "X-Tenure-Content-Hash": artifact.content_hash},
-        )
-
-    async def _bytes_of(artifact: Any) -> bytes:
-        step = parse_step_location(artifact.location)
-        if step is not None:  # a saga step's output: its text, from the trajectory
-            output = await ctx.in_thread("the trajectory views", ctx.deps.views.step_output, *step)
-            if output is None:
-                raise ApiProblem(
-                    "artifact-not-found", f"the output of {artifact.artifact_id} is not shown yet"
-                )
-            return str(output).encode("utf-8")
-        try:
-            handle = await ctx.in_thread("the object store", ctx.deps.objects.open, artifact.location)
-        except LookupError as exc:
-            raise ApiProblem(
-                "artifact-not-found", f"the bytes of {artifact.artifact_id} are gone: {exc}"
-            ) from exc
-        with handle:
-            data: bytes = await ctx.in_thread("the object store", handle.read)
-        return data
 
     return router

@@ -175,9 +175,7 @@ def runs_router(ctx: ApiContext) -> APIRouter:
             return pending_response(outcome)
         return outcome.view
 
-    @api.post(
-        "/runs/{run_id}/retry", summary="Retry a run: same run if interrupted, a new run if it ended"
-    )
+    @api.post("/runs/{run_id}/retry", summary="Retry a run: same run if interrupted, a new run if it ended")
     async def retry_run(
         run_id: str,
         body: RetryRequest,

@@ -39,7 +39,6 @@ from services.common.objectstore import KeyExists, ManifestEntry, ObjectTooLarge
 __all__ = ["verify_manifest", "work_router"]
 
 
-
 class InputRequestBody(ApiBody):
     leaseEpoch: PositiveLong
     sequence: PositiveLong

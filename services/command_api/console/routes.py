@@ -117,7 +117,12 @@ def console_router(ctx: ApiContext) -> APIRouter:
     ) -> Response:
         data.run_query(status, tenant, label, since, until, q, limit, cursor)  # refused here, as HTML
         given = {
-            "status": status, "tenant": tenant, "label": label, "since": since, "until": until, "q": q,
+            "status": status,
+            "tenant": tenant,
+            "label": label,
+            "since": since,
+            "until": until,
+            "q": q,
         }
         query = _filters_query(**given, limit=limit, cursor=cursor)
         return html(
