@@ -39,6 +39,7 @@ from services.command_api.routes_schedules import schedules_router
 from services.command_api.routes_trajectories import trajectories_router
 from services.command_api.routes_watchdog import watchdog_router
 from services.command_api.routes_work import work_router
+from services.command_api.view_times import Rfc3339Siblings
 from services.common.avro import SchemaRegistryError
 from services.common.contracts.breakers import ENDPOINT_ID_PATTERN
 from services.common.http_guard import MAX_JSON_DEPTH, HttpGuard
@@ -189,6 +190,8 @@ def create_app(open_deps: Callable[[], ApiDependencies], *, max_body_bytes: int 
     app.include_router(console_router(ctx))  # the web console at /ui (issue 17)
     app.include_router(lock_router(ctx))  # a run's lock for local mode (EXE-16)
     install_openapi(app, CATALOG, PUBLIC_PATHS)
+    # Innermost: every JSON view leaves with `<x>AtRfc3339` beside its epoch-ms `<x>At` (issue 17).
+    app.add_middleware(Rfc3339Siblings)
     app.add_middleware(
         HttpGuard,
         catalog=CATALOG,

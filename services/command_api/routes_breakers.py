@@ -26,7 +26,6 @@ the breaker's recent transitions show is answered again without a second command
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 from collections.abc import Awaitable, Callable
 from dataclasses import fields
 from typing import Annotated, Any, Literal
@@ -58,6 +57,7 @@ from services.common.contracts import (
 from services.common.contracts._headers import EventHeader
 from services.common.contracts.breakers import MAX_REASON_CHARS
 from services.common.decisions import Decided, NotDurable, Rejected
+from services.common.times import rfc3339_or_none
 
 __all__ = ["BreakerOverrideBody", "breakers_router", "describe_breaker", "describe_transition"]
 
@@ -99,10 +99,7 @@ class BreakerOverrideBody(ApiBody):
 
 def _rfc3339(ms: int) -> str | None:
     """Epoch ms as RFC 3339 UTC with a Z (None for 0: not set)."""
-    if ms <= 0:
-        return None
-    moment = dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return rfc3339_or_none(ms) if ms > 0 else None
 
 
 def _camel(name: str) -> str:

@@ -12,7 +12,6 @@ Times in the view are RFC 3339 (UTC, milliseconds); the fold keeps epoch ms.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from dataclasses import dataclass, replace
 from typing import Any, Iterable
@@ -26,6 +25,7 @@ from services.common.contracts import (
     WatchdogEvent,
 )
 from services.common.sequencing import Sequencing, sequence
+from services.common.times import rfc3339
 from services.watchdog.domain import WatchdogState, WatchdogStatus, evolve
 from services.watchdog.state_codec import decode_state, encode_state
 
@@ -52,12 +52,6 @@ MAX_INTERVENTIONS = 50
 MAX_CONFIGURATIONS = 16
 # Fields of a fold entry that hold epoch ms and are shown as RFC 3339.
 _TIME_FIELDS = ("at", "issuedAt", "acknowledgedAt")
-
-
-def rfc3339(ms: int) -> str:
-    """Epoch milliseconds as RFC 3339 in UTC with a Z, e.g. 2026-01-01T00:00:00.000Z."""
-    moment = dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass(frozen=True)

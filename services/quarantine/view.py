@@ -18,13 +18,13 @@ import json
 import logging
 import threading
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 from services.common.contracts.quarantine import QUARANTINE_EVENT_TYPES, QuarantineEvent, graph_id
 from services.common.decisions import FollowerHealth
 from services.common.feed import TopicFeed
 from services.common.messages import MessageCodec
+from services.common.times import rfc3339
 from services.common.topics import QUARANTINE_EVENTS
 from services.quarantine.domain import (
     AnyState,
@@ -58,7 +58,7 @@ STAGE_FIELDS = {
 
 def iso(ms: int) -> str:
     """Epoch millis as RFC 3339 (UTC, millisecond precision)."""
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return rfc3339(ms)
 
 
 def _parsed(text: str) -> Any:

@@ -17,12 +17,13 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from fractions import Fraction
 from typing import Any, Literal
 from urllib.parse import quote
 
 import httpx
 
+from services.common import times
 from services.common.backoff import Backoff
 from services.runner_sdk.client import api_http_client
 
@@ -70,8 +71,12 @@ class StageReport:
 
 
 def rfc3339(epoch_s: float) -> str:
-    """An RFC 3339 UTC timestamp with milliseconds, e.g. 2026-12-01T13:14:36.123Z."""
-    return datetime.fromtimestamp(epoch_s, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """An RFC 3339 UTC timestamp with milliseconds, e.g. 2026-12-01T13:14:36.123Z.
+
+    `epoch_s` is time.time()'s float: rounded half-even to the microsecond (on its exact value:
+    a float product would round twice) and cut to the millisecond, as
+    datetime.fromtimestamp(...).isoformat(timespec="milliseconds") did."""
+    return times.rfc3339(round(Fraction(epoch_s) * 1_000_000) // 1000)
 
 
 def _retryable(status: int) -> bool:

@@ -13,9 +13,9 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
+from services.common import times
 from services.common.contracts import CommandRejected
 from services.common.contracts.schedules import SCHEDULE_EVENT_TYPES
 from services.common.decisions import FollowerHealth
@@ -36,9 +36,8 @@ _MAX_REJECTIONS = 10_000
 
 
 def rfc3339(ms: int, zone: str = "UTC") -> str:
-    moment = datetime.fromtimestamp(ms / 1000, UTC).astimezone(zone_of(zone))
-    text = moment.isoformat(timespec="seconds")
-    return text.replace("+00:00", "Z") if zone == "UTC" else text
+    """A schedule's time to the second: UTC with a Z, or the local time of an IANA `zone`."""
+    return times.rfc3339(ms, None if zone == "UTC" else zone_of(zone), timespec="seconds")
 
 
 def schedule_view(state: ScheduleState, now_ms: int, upcoming: int = 5) -> dict[str, Any]:

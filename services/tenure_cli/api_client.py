@@ -12,7 +12,6 @@ Times in tables are RFC 3339 in UTC.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import re
 import sys
@@ -24,6 +23,7 @@ import yaml
 
 from services.common.auth import bearer
 from services.common.settings import TenureSettings
+from services.common.times import rfc3339_or_none
 from services.tenure_cli.readiness import probe_host
 
 __all__ = [
@@ -200,8 +200,7 @@ def rfc3339(value: Any) -> str:
     """An epoch-millisecond time (the views' and the records' fields) as RFC 3339 in UTC; a text
     that already is one passes through; nothing is "-"."""
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        moment = dt.datetime.fromtimestamp(value / 1000, tz=dt.UTC)
-        return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        return rfc3339_or_none(value) or f"{value} ms (beyond year 9999)"
     return str(value) if value else "-"
 
 

@@ -25,6 +25,8 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from services.common.times import rfc3339, rfc3339_or_none
+
 __all__ = [
     "FORMATS",
     "OffsetSpec",
@@ -42,11 +44,6 @@ FORMATS = ("jsonl", "csv", "parquet")
 _RELATIVE = re.compile(r"(\d{1,9})\s*(ms|s|m|h|d)")
 _UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _MAX_MS = 2**63 - 1
-
-
-def rfc3339(ms: int) -> str:
-    moment = dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def parse_time(text: str, now_ms: int) -> int:
@@ -140,7 +137,7 @@ def flatten(item: Mapping[str, Any], timestamp_ms: int) -> dict[str, Any]:
         "topic": item.get("topic"),
         "partition": item.get("partition"),
         "offset": item.get("offset"),
-        "timestamp": rfc3339(timestamp_ms) if timestamp_ms > 0 else None,
+        "timestamp": rfc3339_or_none(timestamp_ms) if timestamp_ms > 0 else None,
         "type": item.get("type"),
         "key": item.get("key"),
     }
@@ -160,7 +157,7 @@ def _flatten_into(row: dict[str, Any], prefix: str, fields: Mapping[str, Any]) -
         else:
             row[column] = value
             if name.endswith("At") and isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                row[f"{column}Time"] = rfc3339(value)
+                row[f"{column}Time"] = rfc3339_or_none(value)
 
 
 def format_for(requested: str | None, output: str) -> str:

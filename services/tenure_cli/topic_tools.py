@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
 import json
 import sys
 import time
@@ -16,6 +15,7 @@ from services.common.kafka import InboundRecord, TopicFollower, resource_prefix
 from services.common.kafka._records import header_value
 from services.common.messages import MessageCodec, UndecodableRecord
 from services.common.settings import TenureSettings
+from services.common.times import rfc3339_or_none
 from services.common.topics import (
     BREAKERS_EVENTS,
     DEADLETTER,
@@ -78,10 +78,6 @@ def resolve_topic(name: str) -> str:
     return name
 
 
-def _iso(ms: int) -> str:
-    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).isoformat(timespec="milliseconds")
-
-
 def decode_for_humans(codec: MessageCodec, record: InboundRecord) -> dict[str, Any]:
     """A JSON-ready dict: where the record sits, its schema, and its fields (or why not)."""
     out: dict[str, Any] = {
@@ -114,7 +110,7 @@ def decode_for_humans(codec: MessageCodec, record: InboundRecord) -> dict[str, A
 def _pretty(item: dict[str, Any]) -> str:
     fields = dict(item["fields"])
     when = next((fields.pop(f) for f in _TIME_FIELDS if isinstance(fields.get(f), int)), None)
-    stamp = _iso(when) if when is not None else "-" * 29
+    stamp = (rfc3339_or_none(when) if when is not None else None) or "-" * 24
     head = f"{stamp}  {item['type']:<16} {item.get('key') or '':<36}"
     version = fields.pop("version", None)
     if version is not None:

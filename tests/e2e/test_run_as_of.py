@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from services.common.times import rfc3339
 from tests.support.tenure import TenureSystem, claim, heartbeat, problem_type, submit
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -34,7 +35,8 @@ def test_a_run_as_of_each_version_and_time_is_the_fold_of_its_events_then(system
 
         first = client.get(f"/runs/{run_id}", params={"asOf": "v1"}).json()
         assert first["version"] == 1 and first["status"] == "queued" and first["lease"] is None
-        assert first["asOf"] == {"version": 1, "occurredAt": history[0]["occurredAt"]}
+        at = history[0]["occurredAt"]
+        assert first["asOf"] == {"version": 1, "occurredAt": at, "occurredAtRfc3339": rfc3339(at)}
         second = client.get(f"/runs/{run_id}", params={"asOf": "v2"}).json()
         assert second["status"] == "preparing" and second["lease"]["epoch"] == 1
         assert second["history"] == history[:2]

@@ -9,7 +9,6 @@ and no caching of pages that show data.
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import json
 from pathlib import Path
@@ -17,6 +16,8 @@ from typing import Any
 
 from fastapi.responses import HTMLResponse, Response
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+from services.common.times import rfc3339_or_none
 
 __all__ = ["SECURITY_HEADERS", "STATIC", "html", "render", "rfc3339", "static_file"]
 
@@ -46,8 +47,7 @@ def rfc3339(value: Any) -> str:
     if isinstance(value, (int, float)):
         if value <= 0:
             return "—"
-        moment = dt.datetime.fromtimestamp(value / 1000, tz=dt.UTC)
-        return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        return rfc3339_or_none(int(value)) or f"{value} ms (beyond year 9999)"
     return str(value)
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from services.common.contracts import SubmitRun
@@ -47,6 +46,7 @@ from services.common.contracts.schedules import (
 )
 from services.common.contracts.status import MAX_ATTEMPTS_LIMIT, MAX_TIMEOUT_SECONDS
 from services.common.ids import command_id_for, derived_id, run_id_for
+from services.common.times import rfc3339
 from services.schedules.domain.calendar import (
     CalendarError,
     NonexistentPolicy,
@@ -98,18 +98,14 @@ class Rejection:
 Decision = tuple[ScheduleEvent, ...] | Rejection
 
 
-def _rfc3339(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
 def firing_key(schedule_id: str, scheduled_at: int) -> str:
-    return f"{schedule_id}/{_rfc3339(scheduled_at)}"
+    return f"{schedule_id}/{rfc3339(scheduled_at, timespec='seconds')}"
 
 
 def idempotency_key(schedule_id: str, scheduled_at: int, manual_command_id: str = "") -> str:
     if manual_command_id:
         return f"{FIRING_KEY_PREFIX}{schedule_id}:manual:{manual_command_id}"
-    return f"{FIRING_KEY_PREFIX}{schedule_id}:{_rfc3339(scheduled_at)}"
+    return f"{FIRING_KEY_PREFIX}{schedule_id}:{rfc3339(scheduled_at, timespec='seconds')}"
 
 
 def _policies(d: Definition) -> tuple[NonexistentPolicy, RepeatedPolicy]:
