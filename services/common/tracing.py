@@ -29,7 +29,7 @@ import os
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import Token
 from dataclasses import replace
@@ -74,6 +74,7 @@ __all__ = [
     "reset_tracing",
     "span",
     "start_span_from_headers",
+    "traced_as",
     "traced_record",
     "traced_records",
 ]
@@ -432,6 +433,20 @@ def remember(key: str) -> None:
 def recall(key: str) -> Context | None:
     with _lock:
         return _remembered.get(key)
+
+
+def traced_as(key: str, records: Iterable[OutboundRecord]) -> list[OutboundRecord]:
+    """`records` carrying the context last remembered for aggregate `key`: what a processor
+    publishes after its commit (an incident of a frozen trajectory) continues the trace of the
+    decision that called for it. Unchanged when none is remembered (tracing off, a timer)."""
+    remembered = recall(key)
+    if remembered is None:
+        return list(records)
+    token = otel_context.attach(remembered)
+    try:
+        return [traced_record(r) for r in records]
+    finally:
+        otel_context.detach(token)
 
 
 # --- HTTP servers -------------------------------------------------------------------------------

@@ -247,3 +247,19 @@ def test_the_gateway_passes_the_trace_to_the_tool(spans: InMemorySpanExporter) -
     assert client.kind is tracing.SpanKind.CLIENT
     assert dict(client.attributes or {})["tenure.epoch"] == 4
     assert _ids(request.headers["traceparent"]) == (CALLER_TRACE, format(client.context.span_id, "016x"))
+
+
+def test_what_a_processor_publishes_after_its_commit_continues_the_deciding_trace(
+    spans: InMemorySpanExporter,
+) -> None:
+    """An incident published after the commit (`traced_as`) carries the context remembered for
+    its aggregate by the decision; with none remembered (a timer's work) it is unchanged."""
+    with tracing.start_span_from_headers("decide", {"traceparent": TRACEPARENT}) as decided:
+        tracing.remember("run-traced")
+    incident = OutboundRecord("tenure.incidents", b"run-traced", b"{}", (("contract", b"x"),))
+    (published,) = tracing.traced_as("run-traced", [incident])
+    traceparent = header_value(published.headers, "traceparent")
+    assert traceparent is not None
+    assert _ids(traceparent.decode()) == (CALLER_TRACE, format(decided.get_span_context().span_id, "016x"))
+    assert header_value(published.headers, "contract") == b"x"
+    assert tracing.traced_as("run-never-decided", [incident]) == [incident]

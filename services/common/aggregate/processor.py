@@ -64,7 +64,7 @@ from services.common.poison import (
 )
 from services.common.sequencing import Sequencing, sequence
 from services.common.store import KeyValueStore
-from services.common.tracing import commit_span, decide_span, remember, traced_records
+from services.common.tracing import commit_span, decide_span, remember, traced_as, traced_records
 
 __all__ = ["AggregateProcessor"]
 
@@ -531,7 +531,8 @@ class AggregateProcessor(Generic[S, C, E, X]):
         for event, partition in events:
             later[partition] -= 1
             offset = written[(topic, partition)] - later[partition]
-            yield from self.definition.published_outputs(event, partition, offset, self._codec)
+            published = self.definition.published_outputs(event, partition, offset, self._codec)
+            yield from traced_as(self.definition.aggregate_id(event), published)
 
     def _persist(self, changes: Changes[S, E]) -> None:
         """Publish what must precede the checkpoints, then states, index entries, refused ids,
