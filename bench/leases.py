@@ -932,6 +932,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "POST /attempts/{id}/heartbeat per lease)",
     )
     parser.add_argument(
+        "--tenants",
+        type=int,
+        default=1,
+        help="tenants the runs are spread over (1-64): a tenant's runs share one partition, so "
+        "only several tenants spread the load over partitions and coordinator instances",
+    )
+    parser.add_argument(
         "--coordinators",
         type=int,
         default=1,
@@ -949,9 +956,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--batch: 0 to 500 leases a request")
     if not 1 <= args.coordinators <= 4:
         parser.error("--coordinators: 1 to 4 instances")
+    if not 1 <= args.tenants <= 64:
+        parser.error("--tenants: 1 to 64")
     if not args.steps or min(args.steps) < 1 or max(args.steps) * 2 > LEASE_SECONDS:
         parser.error(f"--heartbeat-seconds: whole seconds from 1 to {LEASE_SECONDS // 2}")
     return args
+
+
+# Each coordinator's health port, to say which partitions each owned during a step.
+COORDINATOR_HEALTH_PORTS: dict[str, int] = {}
+
+
+def coordinator_partitions() -> str:
+    """How many command partitions each coordinator owns now (its tenure_stream_assigned_partitions)."""
+    owned = []
+    for name, port in COORDINATOR_HEALTH_PORTS.items():
+        try:
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=3.0).text
+            found = re.search(r"^tenure_stream_assigned_partitions\{[^}]*\} (\S+)$", text, re.M)
+            owned.append(f"{name} {int(float(found.group(1))) if found else '?'}")
+        except httpx.HTTPError as exc:
+            owned.append(f"{name} ? ({type(exc).__name__})")
+    return ", ".join(owned)
 
 
 def start_services(
@@ -968,11 +994,12 @@ def start_services(
     def coordinator(index: int) -> Service:
         name = "lease_coordinator" if index == 0 else f"lease_coordinator-{index}"
         state = workdir / ("coordinator" if index == 0 else f"coordinator-{index}")
+        COORDINATOR_HEALTH_PORTS[name] = port = free_port()
         env = service_env(
             bootstrap,
             state,
             TENURE_INSTANCE_ID=f"bench-{tag}" if coordinators == 1 else f"bench-{tag}-{index}",
-            TENURE_COORDINATOR_HEALTH_PORT=str(free_port()),
+            TENURE_COORDINATOR_HEALTH_PORT=str(port),
         )
         return spawn(name, "services.lease_coordinator", state, env)
 
@@ -986,7 +1013,7 @@ def start_services(
 
 
 def submit_runs(
-    bootstrap: str, workdir: Path, run_count: int, tag: str, services: list[Service]
+    bootstrap: str, workdir: Path, run_count: int, tag: str, services: list[Service], tenants: int = 1
 ) -> tuple[list[str], float]:
     path, deadline = views_path(workdir / "views"), time.monotonic() + 60
     while not (path / "CURRENT").exists():  # the projector creates the views store
@@ -1010,7 +1037,12 @@ def submit_runs(
         warmup = [submit_command(codec, TENANT, f"{tag}-warmup")]
         publish_all(producer, tracker, warmup)
         tracker.wait([warmup[0][0]], 120.0, "(b) warm-up", services)
-        prepared = [submit_command(codec, TENANT, f"{tag}-lease-{i:07d}") for i in range(run_count)]
+        # Runs are routed by tenant (services/common/routing.py: a tenant's runs share a
+        # partition), so only several tenants spread the load over partitions and coordinators.
+        names = [TENANT] if tenants == 1 else [f"{TENANT}-{t}" for t in range(tenants)]
+        prepared = [
+            submit_command(codec, names[i % tenants], f"{tag}-lease-{i:07d}") for i in range(run_count)
+        ]
         say(f"(b) producing {run_count} SubmitRun commands, waiting for their views")
         started = time.monotonic()
         publish_all(producer, tracker, prepared)
@@ -1059,6 +1091,7 @@ async def lease_phases(
         )
         for service in services:
             service.check_alive()
+        say(f"(r) partitions owned after the H={heartbeat_s}s step: {coordinator_partitions()}")
     return idle, steps
 
 
@@ -1101,7 +1134,7 @@ def main(argv: list[str] | None = None) -> int:
         cpu.threads.pids = {s.name: s.process.pid for s in services}
         total = args.expiry_runs + len(args.steps) * (args.runs + args.expiry_runs)
         before, t0 = cpu.snapshot(), time.monotonic()
-        run_ids, submit_s = submit_runs(bootstrap, workdir, total, tag, services)
+        run_ids, submit_s = submit_runs(bootstrap, workdir, total, tag, services, args.tenants)
         cpu.measure(f"(b) submit {total} runs (+ warm-up)", before, time.monotonic() - t0)
 
         base_url = f"http://127.0.0.1:{port}"
@@ -1122,6 +1155,7 @@ def main(argv: list[str] | None = None) -> int:
             f"client={args.client}"
             + (f" batch={args.batch}" if args.batch else "")
             + (f" coordinators={args.coordinators}" if args.coordinators > 1 else "")
+            + (f" tenants={args.tenants}" if args.tenants > 1 else "")
         )
         if args.output != "-":
             output = Path(args.output) if Path(args.output).is_absolute() else repo_root() / args.output
