@@ -24,6 +24,7 @@ from typing import Any
 from services.command_api.context import ApiContext
 from services.common.contracts import TrajectoryRejectionCode
 from services.common.decisions import Rejected
+from services.common.logs import log_fields
 
 __all__ = [
     "WATCHDOG_REFUSALS",
@@ -84,7 +85,9 @@ async def pending_for_runner(ctx: ApiContext, run_id: str) -> dict[str, Any] | N
     try:
         brief = await watchdog_brief(ctx, run_id)
     except Exception as exc:  # the answer it rides on must not fail for want of it
-        log.warning("the watchdog view of %s could not be read: %s", run_id, exc)
+        log.warning(
+            "the watchdog view of %s could not be read: %s", run_id, exc, extra=log_fields(run_id=run_id)
+        )
         return None
     if brief is None:
         return None
@@ -106,7 +109,12 @@ async def refusal_intervention(ctx: ApiContext, rejected: Rejected) -> dict[str,
         recorded = ((view or {}).get("watchdog") or {}).get("intervention")
         brief = await watchdog_brief(ctx, r.run_id)
     except Exception as exc:
-        log.warning("the intervention behind a refusal of %s could not be read: %s", r.run_id, exc)
+        log.warning(
+            "the intervention behind a refusal of %s could not be read: %s",
+            r.run_id,
+            exc,
+            extra=log_fields(run_id=r.run_id),
+        )
         return None
     latest = (brief or {}).get("latestIntervention")
     if not isinstance(recorded, dict):

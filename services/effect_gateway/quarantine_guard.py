@@ -25,6 +25,7 @@ from services.common.contracts import RunSubmitted
 from services.common.contracts.quarantine import IN_FLIGHT_NOTE, StartQuarantine
 from services.common.ids import canonical_json, derived_id
 from services.common.kafka import CommandPublisher
+from services.common.logs import log_fields
 from services.common.messages import MessageCodec
 from services.effect_gateway.egress import check_egress, run_allowlist
 from services.effect_gateway.fencing import FencingView
@@ -129,7 +130,12 @@ class QuarantineGuard:
             await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(produced)), self._timeout)
         except Exception as exc:  # refused all the same; the trigger is retried with the effect
             started = False
-            log.error("egress violation of %s: quarantine trigger not published: %s", view.run_id, exc)
+            log.error(
+                "egress violation of %s: quarantine trigger not published: %s",
+                view.run_id,
+                exc,
+                extra=log_fields(run_id=view.run_id),
+            )
         log.warning(
             "effect refused: egress to %s is not allowed; quarantine %s",
             violation.host,

@@ -31,6 +31,7 @@ from services.common.clock import Clock
 from services.common.contracts.quarantine import RecordQuarantineStage
 from services.common.ids import canonical_json, derived_id
 from services.common.kafka import CommandPublisher
+from services.common.logs import log_fields
 from services.common.messages import MessageCodec
 from services.quarantine.domain import AnyState, QuarantineState
 from services.quarantine.processor import ACTOR
@@ -101,7 +102,12 @@ class RevocationExecutor:
                 except Exception as exc:  # the gateway or Kafka away: retried, logged once
                     if not said:
                         said = True
-                        log.warning("stage 2 of %s not done yet (%s); retrying", state.run_id, exc)
+                        log.warning(
+                            "stage 2 of %s not done yet (%s); retrying",
+                            state.run_id,
+                            exc,
+                            extra=log_fields(run_id=state.run_id),
+                        )
                 self._sleep(backoff.next_delay())
         finally:
             self._slots.release()
@@ -168,7 +174,7 @@ class RevocationExecutor:
                 json={"operation": "note", "payload": {"quarantine": run_id, "epoch": epoch}},
             )
         except httpx.HTTPError as exc:
-            log.warning("could not fence %s for %s: %s", url, run_id, exc)
+            log.warning("could not fence %s for %s: %s", url, run_id, exc, extra=log_fields(run_id=run_id))
             return False
         return response.status_code < 500
 

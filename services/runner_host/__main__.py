@@ -22,7 +22,7 @@ from pathlib import Path
 from prometheus_client import Histogram
 
 from services.common.health import Check, metrics_registry, serve_health
-from services.common.logs import configure_logging
+from services.common.logs import configure_logging, log_fields
 from services.common.settings import TenureSettings, child_environment
 from services.runner_host.child import Containment, ContainmentTimes
 from services.runner_host.control import QuarantineChannel
@@ -139,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = host.run()
     except Exception as exc:
-        log.exception("runner host for run %s failed", args.run_id)
+        log.exception("runner host for run %s failed", args.run_id, extra=log_fields(run_id=args.run_id))
         print(json.dumps({"runnerHost": {"outcome": "not-claimed", "detail": str(exc)}}), flush=True)
         return 1
     finally:

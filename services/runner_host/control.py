@@ -25,6 +25,7 @@ import httpx
 
 from services.common import times
 from services.common.backoff import Backoff
+from services.common.logs import log_fields
 from services.runner_sdk.client import api_http_client
 
 __all__ = [
@@ -168,14 +169,31 @@ class QuarantineChannel:
             if 200 <= status < 300:
                 return StageReport(stage, mechanism, body["completedAt"], True, attempts)
             if status and not _retryable(status):
-                log.error("stage %s of run %s refused, not retried: %s", stage, run_id, why)
+                log.error(
+                    "stage %s of run %s refused, not retried: %s",
+                    stage,
+                    run_id,
+                    why,
+                    extra=log_fields(run_id=run_id),
+                )
                 return StageReport(stage, mechanism, body["completedAt"], False, attempts, why)
             delay = backoff.next_delay()
             if time.monotonic() + delay > deadline:
                 log.error(
-                    "stage %s of run %s not reported within %gs: %s", stage, run_id, self._deadline_s, why
+                    "stage %s of run %s not reported within %gs: %s",
+                    stage,
+                    run_id,
+                    self._deadline_s,
+                    why,
+                    extra=log_fields(run_id=run_id),
                 )
                 return StageReport(stage, mechanism, body["completedAt"], False, attempts, why)
             if attempts == 1:
-                log.warning("stage %s of run %s not accepted yet (%s); retrying", stage, run_id, why)
+                log.warning(
+                    "stage %s of run %s not accepted yet (%s); retrying",
+                    stage,
+                    run_id,
+                    why,
+                    extra=log_fields(run_id=run_id),
+                )
             self._sleep(delay)

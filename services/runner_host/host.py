@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from services.common.backoff import Backoff
+from services.common.logs import log_fields
 from services.runner_host.child import Containment, ContainmentTimes, ManagedChild
 from services.runner_host.control import QuarantineChannel, QuarantineUnavailable, QuarantineView, StageReport
 from services.runner_host.relay import Relay
@@ -182,6 +183,7 @@ class RunnerHost:
                 child.pid,
                 child.freezer.mechanism,
                 child.network.mechanism,
+                extra=log_fields(run_id=cfg.run_id),
             )
             watcher.start()
             self.result = self._supervise(keeper, child)
@@ -221,7 +223,12 @@ class RunnerHost:
                 if self._shutdown.is_set() or time.monotonic() + delay > deadline:
                     raise
                 if backoff.attempt == 1:
-                    log.info("run %s not claimable yet (%s); waiting for it", cfg.run_id, exc)
+                    log.info(
+                        "run %s not claimable yet (%s); waiting for it",
+                        cfg.run_id,
+                        exc,
+                        extra=log_fields(run_id=cfg.run_id),
+                    )
             self._shutdown.wait(delay)
 
     def _log_files(self) -> dict[str, Any]:
@@ -277,11 +284,16 @@ class RunnerHost:
                         "run %s: %s; SIGTERM to the child, then SIGKILL after the grace",
                         self.config.run_id,
                         why,
+                        extra=log_fields(run_id=self.config.run_id),
                     )
                     child.terminate()
                     kill_at = now + self._grace_s(now)
             elif now >= kill_at and not forced:
-                log.warning("run %s: the child outlived its grace period; killing it", self.config.run_id)
+                log.warning(
+                    "run %s: the child outlived its grace period; killing it",
+                    self.config.run_id,
+                    extra=log_fields(run_id=self.config.run_id),
+                )
                 forced = True
                 with self._lock:
                     if not self._quarantined.is_set():
@@ -305,7 +317,12 @@ class RunnerHost:
         try:
             view = self._channel.poll(self.config.run_id, 0, 500)
         except QuarantineUnavailable as exc:
-            log.warning("run %s: lease lost and the quarantine unreadable (%s)", self.config.run_id, exc)
+            log.warning(
+                "run %s: lease lost and the quarantine unreadable (%s)",
+                self.config.run_id,
+                exc,
+                extra=log_fields(run_id=self.config.run_id),
+            )
             return False
         if not view.quarantined:
             return False
@@ -344,9 +361,21 @@ class RunnerHost:
         try:
             keeper.finish(outcome, error_code, detail, manifest, retries=_REPORT_RETRIES)
         except Exception as exc:
-            log.error("run %s: the %s report was not confirmed: %s", self.config.run_id, outcome, exc)
+            log.error(
+                "run %s: the %s report was not confirmed: %s",
+                self.config.run_id,
+                outcome,
+                exc,
+                extra=log_fields(run_id=self.config.run_id),
+            )
             return HostResult(outcome, code, forced, reported=False, detail=str(exc))
-        log.info("run %s: reported %s (exit %s)", self.config.run_id, outcome, code)
+        log.info(
+            "run %s: reported %s (exit %s)",
+            self.config.run_id,
+            outcome,
+            code,
+            extra=log_fields(run_id=self.config.run_id),
+        )
         return HostResult(outcome, code, forced, reported=True, detail=detail)
 
     def _read_manifest(self, child: ManagedChild) -> list[Mapping[str, Any]]:
@@ -356,7 +385,13 @@ class RunnerHost:
         except FileNotFoundError:
             return []
         except ValueError as exc:
-            log.warning("run %s: manifest %s is not JSON (%s); reporting none", self.config.run_id, path, exc)
+            log.warning(
+                "run %s: manifest %s is not JSON (%s); reporting none",
+                self.config.run_id,
+                path,
+                exc,
+                extra=log_fields(run_id=self.config.run_id),
+            )
             return []
         return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
 
@@ -388,7 +423,10 @@ class RunnerHost:
                 delay = backoff.next_delay()
                 if backoff.attempt == 1:
                     log.warning(
-                        "run %s: quarantine watch unavailable (%s); retrying", self.config.run_id, exc
+                        "run %s: quarantine watch unavailable (%s); retrying",
+                        self.config.run_id,
+                        exc,
+                        extra=log_fields(run_id=self.config.run_id),
                     )
                 self._shutdown.wait(delay)
                 continue
@@ -399,7 +437,11 @@ class RunnerHost:
                 self.quarantine = view
                 self._contain(received_at)
             elif view.status == "cleared" and self._quarantined.is_set():
-                log.info("run %s: quarantine cleared; the frozen child is ended", self.config.run_id)
+                log.info(
+                    "run %s: quarantine cleared; the frozen child is ended",
+                    self.config.run_id,
+                    extra=log_fields(run_id=self.config.run_id),
+                )
                 self._cleared.set()
                 self._wake.set()
 
@@ -421,6 +463,7 @@ class RunnerHost:
             times.network,
             times.to_severed_s * 1000,
             f" ({times.error})" if times.error else "",
+            extra=log_fields(run_id=self.config.run_id),
         )
         if self._on_contained is not None:
             self._on_contained(times)
