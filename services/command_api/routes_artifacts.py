@@ -58,6 +58,7 @@ __all__ = [
     "artifact_bytes",
     "artifact_id_for",
     "artifacts_router",
+    "board_artifact",
     "refuse_quarantined",
     "register_upload",
     "serve_recorded_read",
@@ -139,6 +140,20 @@ def r_code(outcome: Rejected) -> str:
     return str(outcome.rejection.code)
 
 
+async def board_artifact(ctx: ApiContext, artifact_id: str) -> Any:
+    """(graph, artifact) from the quarantine board, or None: waiting up to half a second (within
+    the request's deadline), since a registration just answered may still be on its way to the
+    board's fold."""
+    board = quarantine_deps(ctx).board
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + min(0.5, ctx.remaining())
+    while True:
+        hit = board.artifact(artifact_id)
+        if hit is not None or loop.time() >= deadline:
+            return hit
+        await asyncio.sleep(0.01)
+
+
 async def artifact_bytes(ctx: ApiContext, artifact: Any) -> bytes:
     """An upload's bytes from the object store; a saga step's output from its trajectory."""
     step = parse_step_location(artifact.location)
@@ -212,14 +227,7 @@ def artifacts_router(ctx: ApiContext) -> APIRouter:
     async def found(artifact_id: str) -> Any:
         if not ARTIFACT_ID.fullmatch(artifact_id):
             raise ApiProblem("artifact-not-found", f"{artifact_id[:80]!r} is not an artifact id")
-        board = quarantine_deps(ctx).board
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + min(0.5, ctx.remaining())
-        while True:  # a registration just answered may still be on its way to the fold
-            hit = board.artifact(artifact_id)
-            if hit is not None or loop.time() >= deadline:
-                break
-            await asyncio.sleep(0.01)
+        hit = await board_artifact(ctx, artifact_id)
         if hit is None:
             raise ApiProblem("artifact-not-found", f"no artifact {artifact_id}")
         return hit

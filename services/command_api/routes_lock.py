@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -25,8 +24,7 @@ from pydantic import BaseModel, Field
 
 from services.command_api.context import ApiContext
 from services.command_api.problems import ApiProblem
-from services.command_api.quarantine_deps import quarantine_deps
-from services.command_api.routes_artifacts import serve_recorded_read
+from services.command_api.routes_artifacts import board_artifact, serve_recorded_read
 from services.common.auth import Principal, Role
 from services.common.contracts.locks import BadInputs, input_artifact_ids, seal_lock
 from services.common.contracts.quarantine import graph_id
@@ -79,14 +77,7 @@ def lock_router(ctx: ApiContext) -> APIRouter:
 
     async def envelope(view: dict[str, Any], artifact_id: str) -> Any:
         """The input's envelope, in the run's own tenant's graph, and servable."""
-        board = quarantine_deps(ctx).board
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + min(0.5, ctx.remaining())
-        while True:  # a registration just answered may still be on its way to the fold
-            hit = board.artifact(artifact_id)
-            if hit is not None or loop.time() >= deadline:
-                break
-            await asyncio.sleep(0.01)
+        hit = await board_artifact(ctx, artifact_id)
         if hit is None or hit[0].graph_id != graph_id(str(view["tenant"])):
             # Another tenant's artifact is "not found" to this run: its existence is not told.
             raise ApiProblem(
