@@ -407,8 +407,12 @@ def publish_all(producer: Producer, tracker: ViewTracker, prepared: list[tuple[s
     def stamped() -> Iterator[Wire]:
         for run_id, record in prepared:
             tracker.sent[run_id] = time.monotonic()
-            yield record.topic, record.key, record.value, list(record.headers), (
-                -1 if record.partition is None else record.partition
+            yield (
+                record.topic,
+                record.key,
+                record.value,
+                list(record.headers),
+                (-1 if record.partition is None else record.partition),
             )
 
     send_all(producer, stamped())

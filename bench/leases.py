@@ -29,7 +29,6 @@ import argparse
 import asyncio
 import bisect
 import datetime as dt
-import json
 import os
 import re
 import shutil
@@ -39,25 +38,36 @@ import tempfile
 import threading
 import time
 import uuid
-from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import aiohttp
 import httpx
 from confluent_kafka import Producer
 
+from bench._leases_io import (
+    CLIENTS,
+    EXPIRY_LEASE_SECONDS,
+    Calls,
+    Held,
+    MachineCpuMeter,
+    Pool,
+    TransportError,
+    answer_key,
+    claim_all,
+    decision_wait,
+    end_offsets,
+    fan_out,
+    open_pool,
+    parse,
+    release_all,
+)
+from bench._leases_report import render, write_section
 from bench.foundation import (
     BATCH,
-    CpuMeter,
-    RawResult,
     Service,
     ViewTracker,
     bench_raw,
-    percentile,
     publish_all,
     say,
     section_body,
@@ -84,260 +94,10 @@ __all__ = ["main"]
 
 TENANT = "bench"
 LEASE_SECONDS = 90  # renewal runs: long enough that no lease of a step goes at risk (45 s) or expires
-EXPIRY_LEASE_SECONDS = 2
 DECISION_TIMEOUT_S = 10
-HTTP_TIMEOUT_S = 15.0  # above the decision timeout, so a slow decision shows up as a 202, not a timeout
 IDLE_S = 5.0
-LATE_MS = 100.0  # a heartbeat sent this much after its slot means the runner fell behind its schedule
 LEASE_EXPIRED = b"tenure.runs.events.LeaseExpired"
 LOGIC_ROUNDS = 10
-T = TypeVar("T")
-
-
-# --- where the CPU went: the whole machine, and the services' threads ---------------------------
-
-MACHINE = "all processes"
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def machine_busy_seconds() -> float:
-    """Busy CPU-seconds of the whole machine so far (/proc/stat), whoever used them."""
-    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = ticks[3] + ticks[4]  # idle + iowait
-    # user..softirq; not steal (the hypervisor's), not guest (already counted in user)
-    return (sum(ticks[:7]) - idle) / CLOCK_TICKS
-
-
-def thread_cpu(pid: int) -> dict[str, float]:
-    """CPU-seconds of a process's threads by kind: its main thread (the event loop in every
-    service here), librdkafka's threads (named rdk:*), and the other (Python) threads."""
-    groups = {"main": 0.0, "librdkafka": 0.0, "other": 0.0}
-    try:
-        tasks = list(Path(f"/proc/{pid}/task").iterdir())
-    except OSError:
-        return groups
-    for task in tasks:
-        try:
-            raw = (task / "stat").read_text()
-        except OSError:  # the thread ended meanwhile
-            continue
-        comm, fields = raw[raw.index("(") + 1 : raw.rindex(")")], raw.rsplit(")", 1)[1].split()
-        kind = "main" if task.name == str(pid) else "librdkafka" if comm.startswith("rdk:") else "other"
-        groups[kind] += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-    return groups
-
-
-@dataclass
-class ThreadMeter:
-    pids: dict[str, int]
-    phases: list[tuple[str, float, dict[str, dict[str, float]]]] = field(default_factory=list)
-
-    def snapshot(self) -> dict[str, dict[str, float]]:
-        return {name: thread_cpu(pid) for name, pid in self.pids.items()}
-
-    def measure(self, phase: str, before: dict[str, dict[str, float]], wall_s: float) -> None:
-        after = self.snapshot()
-        self.phases.append(
-            (phase, wall_s, {n: {k: after[n][k] - before[n][k] for k in after[n]} for n in after})
-        )
-
-
-@dataclass
-class MachineCpuMeter(CpuMeter):
-    """bench.foundation's per-process meter plus the machine's total, so other load shows, and
-    the services' threads for the renewal windows."""
-
-    threads: ThreadMeter = field(default_factory=lambda: ThreadMeter({}))
-
-    def snapshot(self) -> dict[str, float]:
-        return {**super().snapshot(), MACHINE: machine_busy_seconds()}
-
-
-# --- HTTP helpers -----------------------------------------------------------------------------
-
-
-@dataclass
-class Calls:
-    """Answers of a batch of HTTP calls: count per status (and problem type), latency of successes."""
-
-    answers: Counter[str] = field(default_factory=Counter)
-    ok_ms: list[float] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def count(self) -> int:
-        return sum(self.answers.values())
-
-
-def answer_key(status: int, raw: bytes) -> str:
-    """'200', or the status with the problem type's slug: '409 stale-epoch'."""
-    if 200 <= status < 300:
-        return str(status)
-    body = parse(raw)
-    problem = body.get("type", "") if isinstance(body, dict) else ""
-    return f"{status} {problem.rsplit('/', 1)[-1]}".strip()
-
-
-class TransportError(Exception):
-    """No HTTP answer: connection failure or the client's timeout."""
-
-
-Headers = dict[str, str] | None
-
-
-class Pool:
-    """One simulated runner's HTTP connection pool: (status, body) per call, else TransportError."""
-
-    async def call(
-        self, method: str, path: str, body: Any = None, headers: Headers = None
-    ) -> tuple[int, bytes]:
-        raise NotImplementedError
-
-    async def close(self) -> None:
-        raise NotImplementedError
-
-
-class AiohttpPool(Pool):
-    def __init__(self, base_url: str, connections: int) -> None:
-        connector, timeout = aiohttp.TCPConnector(limit=connections), aiohttp.ClientTimeout(HTTP_TIMEOUT_S)
-        self._session = aiohttp.ClientSession(base_url, connector=connector, timeout=timeout)
-
-    async def call(
-        self, method: str, path: str, body: Any = None, headers: Headers = None
-    ) -> tuple[int, bytes]:
-        try:
-            async with self._session.request(method, path, json=body, headers=headers) as response:
-                return response.status, await response.read()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise TransportError(type(exc).__name__) from exc
-
-    async def close(self) -> None:
-        await self._session.close()
-
-
-class HttpxPool(Pool):
-    def __init__(self, base_url: str, connections: int) -> None:
-        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-        self._client = httpx.AsyncClient(base_url=base_url, timeout=HTTP_TIMEOUT_S, limits=limits)
-
-    async def call(
-        self, method: str, path: str, body: Any = None, headers: Headers = None
-    ) -> tuple[int, bytes]:
-        try:
-            response = await self._client.request(method, path, json=body, headers=headers)
-        except httpx.HTTPError as exc:
-            raise TransportError(type(exc).__name__) from exc
-        return response.status_code, response.content
-
-    async def close(self) -> None:
-        await self._client.aclose()
-
-
-def parse(raw: bytes) -> Any:
-    try:
-        return json.loads(raw) if raw else None
-    except ValueError:
-        return None
-
-
-CLIENTS: dict[str, Callable[[str, int], Pool]] = {"aiohttp": AiohttpPool, "httpx": HttpxPool}
-
-
-@asynccontextmanager
-async def open_pool(client: str, base_url: str, connections: int) -> AsyncIterator[Pool]:
-    pool = CLIENTS[client](base_url, connections)
-    try:
-        yield pool
-    finally:
-        await pool.close()
-
-
-async def fan_out(items: Iterable[T], concurrency: int, work: Callable[[T], Awaitable[None]]) -> float:
-    """`work` on every item, `concurrency` at a time; the seconds it took."""
-    pending = iter(items)
-
-    async def worker() -> None:
-        for item in pending:  # one shared iterator: each item goes to exactly one worker
-            await work(item)
-
-    started = time.monotonic()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return time.monotonic() - started
-
-
-def end_offsets(bootstrap: str) -> dict[int, int]:
-    probe = TopicFollower(bootstrap, [RUNS_EVENTS.name], "end", client_id="tenure-bench-probe")
-    try:
-        return probe.end_offsets(RUNS_EVENTS.name)
-    finally:
-        probe.close()
-
-
-@dataclass
-class Held:
-    """A lease the bench holds: what a runner needs to heartbeat it."""
-
-    run_id: str
-    attempt_id: str
-    epoch: int
-    sequence: int = 0
-
-
-async def claim_all(
-    http: Pool, run_ids: list[str], runner: str, lease_s: int, heartbeat_s: int | None, concurrency: int
-) -> tuple[list[Held], Calls]:
-    held: list[Held] = []
-    calls = Calls()
-    body: dict[str, Any] = {"runnerId": runner, "leaseSeconds": lease_s, "heartbeatSeconds": heartbeat_s}
-
-    async def claim(run_id: str) -> None:
-        began = time.perf_counter()
-        try:
-            status, grant = await http.call(
-                "POST", f"/runs/{run_id}/attempts", body, {"Idempotency-Key": f"claim-{run_id}"}
-            )
-        except TransportError as exc:
-            calls.answers[f"0 {exc}"] += 1
-            return
-        calls.answers[answer_key(status, grant)] += 1
-        if status == 201:
-            calls.ok_ms.append((time.perf_counter() - began) * 1000)
-            granted = parse(grant)
-            held.append(Held(run_id, granted["attemptId"], granted["epoch"]))
-
-    calls.seconds = await fan_out(run_ids, concurrency, claim)
-    return held, calls
-
-
-async def release_all(http: Pool, held: list[Held], concurrency: int) -> Calls:
-    """Report every attempt succeeded: its lease ends, so no timer of it fires in a later step."""
-    calls = Calls()
-
-    async def release(lease: Held) -> None:
-        lease.sequence += 1
-        body = {"leaseEpoch": lease.epoch, "sequence": lease.sequence, "outcome": "succeeded"}
-        began = time.perf_counter()
-        try:
-            status, answer = await http.call("POST", f"/attempts/{lease.attempt_id}/report", body)
-        except TransportError as exc:
-            calls.answers[f"0 {exc}"] += 1
-            return
-        calls.answers[answer_key(status, answer)] += 1
-        if status == 200:
-            calls.ok_ms.append((time.perf_counter() - began) * 1000)
-
-    calls.seconds = await fan_out(held, concurrency, release)
-    return calls
-
-
-async def decision_wait(http: Pool, command: str) -> tuple[float, int]:
-    """(sum of seconds, count) of the API's tenure_api_decision_seconds for one command type."""
-    text = (await http.call("GET", "/metrics"))[1].decode()
-    values = []
-    for suffix in ("sum", "count"):
-        match = re.search(rf'^tenure_api_decision_seconds_{suffix}{{command="{command}"}} (\S+)$', text, re.M)
-        values.append(float(match.group(1)) if match else 0.0)
-    return values[0], int(values[1])
 
 
 # --- following runs.events: expiry stamps and commit markers ----------------------------------
@@ -731,165 +491,6 @@ async def renewal_step(
             step.release = await release_all(http, held, args.concurrency)
             cpu.measure(f"(r) {label}: release {len(held)}", before, time.monotonic() - t0)
     return step
-
-
-# --- report -----------------------------------------------------------------------------------
-
-
-def _ms(v: float) -> str:
-    return "-" if v != v else f"{v:,.0f}" if abs(v) >= 100 else f"{v:.1f}"
-
-
-def _lat(values: list[float]) -> str:
-    return f"{_ms(percentile(values, 50))} / {_ms(percentile(values, 99))} ms"
-
-
-def _three(v: list[float]) -> str:
-    return f"{_ms(percentile(v, 50))} / {_ms(percentile(v, 99))} / {_ms(max(v, default=float('nan')))}"
-
-
-def _answers(calls: Calls) -> str:
-    return ", ".join(f"{n:,} x {k}" for k, n in sorted(calls.answers.items())) or "none"
-
-
-def render(
-    raw: RawResult,
-    logic: LogicResult,
-    idle: ExpiryResult | None,
-    steps: list[StepResult],
-    cpu: MachineCpuMeter,
-    submitted: int,
-    submit_s: float,
-    batch: int = 0,
-) -> str:
-    produce_rate = raw.messages / raw.produce_s
-    lines = [
-        "| Phase | What | Count | Seconds | Rate | p50 / p99 | Tenure/raw |",
-        "|---|---|---:|---:|---:|---:|---:|",
-        f"| (a) raw | produce ~300 B records, acks=all, idempotent (best of 3) | {raw.messages:,} | "
-        f"{raw.produce_s:.2f} | {produce_rate:,.0f}/s | - | baseline |",
-        f"| (a) raw | consume them back, read_committed (best of 3) | {raw.messages:,} | "
-        f"{raw.consume_s:.2f} | {raw.messages / raw.consume_s:,.0f}/s | - | baseline |",
-        f"| (b) submit | SubmitRun produced to runs.commands until every view exists | {submitted:,} | "
-        f"{submit_s:.2f} | {submitted / submit_s:,.0f}/s | - | "
-        f"1/{produce_rate * submit_s / submitted:,.0f} |",
-        f"| (l) processor logic | RenewLease through RunCommandProcessor.handle, batches of {BATCH}, Kafka "
-        f"replaced by memory | {logic.renewals:,} | {logic.seconds:.2f} | "
-        f"{logic.renewals / logic.seconds:,.0f}/s | - | "
-        f"1/{produce_rate * logic.seconds / logic.renewals:,.0f} |",
-    ]
-    batched = f" in batches of {batch} (POST /leases:renew)" if batch else ""
-    for s in steps:
-        c = s.claims
-        lines.append(
-            f"| (r) H={s.heartbeat_s}s | claim: POST /runs/{{id}}/attempts | {c.count:,} | "
-            f"{c.seconds:.2f} | {c.count / c.seconds:,.0f}/s | {_lat(c.ok_ms)} | - |"
-        )
-        lines.append(
-            f"| (r) H={s.heartbeat_s}s | **renewals: {s.runs:,} runs, {s.offered:,.0f}/s offered**{batched}, "
-            f"ack latency of 200s | {s.acked:,} | {s.heartbeats.seconds:.2f} | "
-            f"**{s.achieved:,.0f}/s** | **{_lat(s.heartbeats.ok_ms)}** | "
-            f"1/{produce_rate / max(s.achieved, 1e-9):,.0f} |"
-        )
-        if s.release is not None:
-            r = s.release
-            lines.append(
-                f"| (r) H={s.heartbeat_s}s | release: POST /attempts/{{id}}/report | {r.count:,} | "
-                f"{r.seconds:.2f} | {r.count / r.seconds:,.0f}/s | {_lat(r.ok_ms)} | - |"
-            )
-    ticks = ", ".join(f"{ms:.1f} ms after {n:,}" for n, ms in logic.tick_ms[::3])
-    lines += [
-        "",
-        f"(l) one timer tick with no timer due took {ticks} renewals (each renewal moves its run's timer "
-        "key in RocksDB; the tick scans the index from the start of each partition).",
-    ]
-    lines += [
-        "",
-        "Renewal steps in detail (ms; a slot is when the schedule wanted a heartbeat):",
-        "",
-        "| H | Offered | Slots / sent | Achieved | Ack p50 / p99 / max | Slot -> ack p99 "
-        "| Send -> decided p50 / p99 | Decided -> ack p50 / p99 | API publish -> decision (mean) "
-        f"| Sent >{LATE_MS:.0f} ms late | Events / markers | Answers |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for s in steps:
-        hb = s.heartbeats
-        late = sum(1 for v in s.late_ms if v > LATE_MS)
-        lines.append(
-            f"| {s.heartbeat_s} s | {s.offered:,.0f}/s | {s.scheduled:,} / {hb.count:,} | "
-            f"{s.achieved:,.0f}/s | {_three(hb.ok_ms)} | {_ms(percentile(s.from_slot_ms, 99))} | "
-            f"{_lat(s.to_decision_ms)[:-3]} | {_lat(s.after_decision_ms)[:-3]} | {_ms(s.decision_ms)} | "
-            f"{late:,} ({late / max(hb.count, 1):.0%}) | {s.events:,} / {s.markers:,} | {_answers(hb)} |"
-        )
-    probes = [p for p in [idle, *(s.expiry for s in steps)] if p is not None]
-    if probes:
-        lines += [
-            "",
-            f"Expiry detection ({EXPIRY_LEASE_SECONDS} s leases, never renewed; lag in ms after "
-            "`lease.expiresAt`):",
-            "",
-            "| When | Claimed | Decided lag (view `endedAt`) p50 / p99 / max | Readable on runs.events "
-            "p50 / p99 / max | Not seen expired | Claim answers |",
-            "|---|---:|---:|---:|---:|---|",
-        ]
-        for p in probes:
-            lines.append(
-                f"| {p.label} | {p.claims.answers.get('201', 0):,} | {_three(p.decided_lag_ms)} | "
-                f"{_three(p.readable_lag_ms)} | {p.missing} | {_answers(p.claims)} |"
-            )
-    names = [*cpu.pids, MACHINE, "others"]
-    lines += [
-        "",
-        "CPU-seconds per process in each phase (two cores give 2 CPU-seconds per wall second; "
-        f"'{MACHINE}' is the machine's busy time from /proc/stat, 'others' what the bench's processes "
-        "do not explain); for renewal windows also CPU-µs per acknowledged renewal:",
-        "",
-        "| Phase | Wall s | " + " | ".join(names) + " |",
-        "|---|---:|" + "---:|" * len(names),
-    ]
-    renewals = {f"(r) H={s.heartbeat_s}s: renewals": s.acked for s in steps}
-    for phase, wall, used in cpu.phases:
-        used = {**used, "others": used[MACHINE] - sum(v for n, v in used.items() if n != MACHINE)}
-        lines.append(
-            f"| {phase} | {wall:.1f} | "
-            + " | ".join(f"{used[n]:.1f}" if n in used else "-" for n in names)
-            + " |"
-        )
-        if renewals.get(phase):
-            per = {n: used[n] / renewals[phase] * 1e6 for n in used}
-            lines.append(
-                "| ... µs per renewal | | "
-                + " | ".join(f"{per[n]:,.0f}" if n in per else "-" for n in names)
-                + " |"
-            )
-    services = list(cpu.threads.pids)
-    lines += [
-        "",
-        "The services' threads in the renewal windows, CPU-seconds main (event loop) / "
-        "librdkafka / other Python threads:",
-        "",
-        "| Phase | Wall s | " + " | ".join(services) + " |",
-        "|---|---:|" + "---:|" * len(services),
-    ]
-    for phase, wall, groups in cpu.threads.phases:
-        cells = [" / ".join(f"{groups[n][k]:.1f}" for k in ("main", "librdkafka", "other")) for n in services]
-        lines.append(f"| {phase} | {wall:.1f} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def write_section(output: Path, key: str, body: str) -> None:
-    """Replace this configuration's section between its markers, else add it after the anchor."""
-    begin, end = f"<!-- bench:leases {key} BEGIN -->", f"<!-- bench:leases {key} END -->"
-    section, anchor = f"{begin}\n{body}\n{end}", "<!-- bench:leases runs -->"
-    text = output.read_text() if output.exists() else "# Benchmarks\n"
-    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.DOTALL)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section, text)
-    elif anchor in text:
-        text = text.replace(anchor, f"{anchor}\n\n{section}", 1)
-    else:
-        text = text.rstrip("\n") + f"\n\n{section}\n"
-    output.write_text(text)
 
 
 # --- main -------------------------------------------------------------------------------------

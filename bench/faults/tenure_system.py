@@ -104,8 +104,11 @@ class TenureProcesses:
     def start(self, timeout_s: float = 90.0) -> TenureProcesses:
         self._spawn("lease-coordinator")
         self._spawn("projections")
-        self._wait(lambda: (self.workdir / "state" / "projections" / "run_views" / "CURRENT").exists(),
-                   timeout_s, "the projector's store")
+        self._wait(
+            lambda: (self.workdir / "state" / "projections" / "run_views" / "CURRENT").exists(),
+            timeout_s,
+            "the projector's store",
+        )
         for name in ("command-api", "sim-environment", "effect-gateway", "saga-orchestrator"):
             self._spawn(name)
         for url in (f"{self.sim_url}/healthz", f"{self.gateway_url}/readyz", f"{self.api_url}/healthz"):
