@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,6 +11,7 @@ from bench.foundation import (
     RawResult,
     percentile,
 )
+from bench.foundation import write_section as shared_write_section
 
 if TYPE_CHECKING:  # the results are the bench's own (bench/leases.py); annotations only
     from bench.leases import ExpiryResult, LogicResult, StepResult
@@ -167,15 +167,5 @@ def render(
 
 
 def write_section(output: Path, key: str, body: str) -> None:
-    """Replace this configuration's section between its markers, else add it after the anchor."""
-    begin, end = f"<!-- bench:leases {key} BEGIN -->", f"<!-- bench:leases {key} END -->"
-    section, anchor = f"{begin}\n{body}\n{end}", "<!-- bench:leases runs -->"
-    text = output.read_text() if output.exists() else "# Benchmarks\n"
-    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.DOTALL)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section, text)
-    elif anchor in text:
-        text = text.replace(anchor, f"{anchor}\n\n{section}", 1)
-    else:
-        text = text.rstrip("\n") + f"\n\n{section}\n"
-    output.write_text(text)
+    """This configuration's section, after the lease runs' anchor (bench.foundation's writer)."""
+    shared_write_section(output, key, body, "leases", "<!-- bench:leases runs -->")

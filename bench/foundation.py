@@ -766,14 +766,19 @@ def section_body(
     )
 
 
-def write_section(output: Path, key: str, body: str) -> None:
-    """Replace this configuration's section between its markers, or append it."""
-    begin, end = f"<!-- bench:foundation {key} BEGIN -->", f"<!-- bench:foundation {key} END -->"
+def write_section(
+    output: Path, key: str, body: str, bench: str = "foundation", anchor: str | None = None
+) -> None:
+    """Replace this configuration's section between its markers (`<!-- bench:<bench> <key>
+    BEGIN -->`), else add it after `anchor` when the file has it, else append it."""
+    begin, end = f"<!-- bench:{bench} {key} BEGIN -->", f"<!-- bench:{bench} {key} END -->"
     section = f"{begin}\n{body}\n{end}"
     text = output.read_text() if output.exists() else "# Benchmarks\n"
     pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.DOTALL)
     if pattern.search(text):
         text = pattern.sub(lambda _: section, text)
+    elif anchor is not None and anchor in text:
+        text = text.replace(anchor, f"{anchor}\n\n{section}", 1)
     else:
         text = text.rstrip("\n") + f"\n\n{section}\n"
     output.parent.mkdir(parents=True, exist_ok=True)
