@@ -153,21 +153,10 @@ def create_app(open_deps: Callable[[], ApiDependencies], *, max_body_bytes: int 
         # before publishing): the client's to shrink, not an outage to retry.
         return CATALOG.response("payload-too-large", f"{exc}; nothing was recorded", request.url.path)
 
-    @app.exception_handler(ObjectStoreUnavailable)
-    async def on_object_store_unavailable(request: Request, exc: ObjectStoreUnavailable) -> JSONResponse:
-        # The artifact store (S3) is down or refusing: an outage to retry, never a 500.
-        return CATALOG.response(
-            "unavailable",
-            f"{exc}; retry after Retry-After seconds",
-            request.url.path,
-            headers={"Retry-After": str(RETRY_AFTER_S)},
-            retryAfterSeconds=RETRY_AFTER_S,
-        )
-
-    @app.exception_handler(SchemaRegistryError)
-    async def on_schema_registry_error(request: Request, exc: SchemaRegistryError) -> JSONResponse:
-        # TENURE_WIRE_FORMAT=confluent and the registry cannot give the schema's id: nothing was
-        # published (it never falls back to another format), an outage to retry.
+    # The artifact store (S3) down or refusing, or, with TENURE_WIRE_FORMAT=confluent, the schema
+    # registry unable to give a schema's id (nothing was published: it never falls back to another
+    # format): an outage to retry, never a 500.
+    async def on_outage(request: Request, exc: Exception) -> JSONResponse:
         return CATALOG.response(
             "unavailable",
             f"{exc}; nothing was recorded, retry after Retry-After seconds",
@@ -175,6 +164,9 @@ def create_app(open_deps: Callable[[], ApiDependencies], *, max_body_bytes: int 
             headers={"Retry-After": str(RETRY_AFTER_S)},
             retryAfterSeconds=RETRY_AFTER_S,
         )
+
+    app.add_exception_handler(ObjectStoreUnavailable, on_outage)
+    app.add_exception_handler(SchemaRegistryError, on_outage)
 
     app.include_router(runs_router(ctx))
     app.include_router(leases_router(ctx))
