@@ -128,6 +128,29 @@ class RunsCore:
     def settled(self, view: Mapping[str, Any], until: Collection[str]) -> bool:
         return str(view.get("status")) in until
 
+    # --- the waiting rules both clients follow (one implementation, the shells only sleep) ---
+
+    def resend_backoff(self) -> Backoff:
+        """Between resends of a submission whose outcome is unknown (the same Idempotency-Key)."""
+        return Backoff(0.2, 5.0)
+
+    def resend_delay(self, backoff: Backoff, retries: int, unknown: TenureUnavailable) -> float:
+        """The wait before the next resend; `unknown` itself once `retries` resends were made."""
+        if backoff.attempt >= retries:
+            raise unknown
+        return backoff.next_delay()
+
+    def poll_backoff(self, poll_s: float, max_poll_s: float) -> Backoff:
+        return Backoff(poll_s, max(poll_s, max_poll_s), random.random)
+
+    def next_poll(
+        self, backoff: Backoff, left_s: float, run_id: str, status: str | None, timeout_s: float
+    ) -> float:
+        """The wait before the next look at a run; RunWaitTimeout once the wait's time is up."""
+        if left_s <= 0:
+            raise RunWaitTimeout(run_id, status, timeout_s)
+        return min(left_s, backoff.next_delay())
+
 
 def _segment(value: str) -> str:
     return quote(value, safe="")
@@ -181,14 +204,12 @@ class RunsClient:
             idempotency_key=idempotency_key or uuid.uuid4().hex,
             **options,
         )
-        backoff = Backoff(0.2, 5.0)
+        backoff = self.core.resend_backoff()
         while True:
             try:
                 return self._send(call)
-            except TenureUnavailable:
-                if backoff.attempt >= retries:
-                    raise
-                self._sleep(backoff.next_delay())
+            except TenureUnavailable as unknown:
+                self._sleep(self.core.resend_delay(backoff, retries, unknown))
 
     def get(self, run_id: str) -> dict[str, Any]:
         return self._send(self.core.get(run_id))
@@ -228,7 +249,7 @@ class RunsClient:
     ) -> dict[str, Any]:
         """The Run view once its status is in `until` (terminal by default); RunWaitTimeout else."""
         deadline = time.monotonic() + timeout_s
-        backoff = Backoff(poll_s, max(poll_s, max_poll_s), random.random)
+        backoff = self.core.poll_backoff(poll_s, max_poll_s)
         status: str | None = None
         while True:
             try:
@@ -239,9 +260,7 @@ class RunsClient:
             except TenureUnavailable:
                 pass  # an outage while waiting is waited out, like a run that has not ended
             left = deadline - time.monotonic()
-            if left <= 0:
-                raise RunWaitTimeout(run_id, status, timeout_s)
-            self._sleep(min(left, backoff.next_delay()))
+            self._sleep(self.core.next_poll(backoff, left, run_id, status, timeout_s))
 
     def _send(self, call: RunCall) -> dict[str, Any]:
         try:
@@ -299,14 +318,12 @@ class AsyncRunsClient:
             idempotency_key=idempotency_key or uuid.uuid4().hex,
             **options,
         )
-        backoff = Backoff(0.2, 5.0)
+        backoff = self.core.resend_backoff()
         while True:
             try:
                 return await self._send(call)
-            except TenureUnavailable:
-                if backoff.attempt >= retries:
-                    raise
-                await asyncio.sleep(backoff.next_delay())
+            except TenureUnavailable as unknown:
+                await asyncio.sleep(self.core.resend_delay(backoff, retries, unknown))
 
     async def get(self, run_id: str) -> dict[str, Any]:
         return await self._send(self.core.get(run_id))
@@ -344,7 +361,7 @@ class AsyncRunsClient:
     ) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        backoff = Backoff(poll_s, max(poll_s, max_poll_s), random.random)
+        backoff = self.core.poll_backoff(poll_s, max_poll_s)
         status: str | None = None
         while True:
             try:
@@ -354,10 +371,9 @@ class AsyncRunsClient:
                     return view
             except TenureUnavailable:
                 pass
-            left = deadline - loop.time()
-            if left <= 0:
-                raise RunWaitTimeout(run_id, status, timeout_s)
-            await asyncio.sleep(min(left, backoff.next_delay()))
+            await asyncio.sleep(
+                self.core.next_poll(backoff, deadline - loop.time(), run_id, status, timeout_s)
+            )
 
     async def _send(self, call: RunCall) -> dict[str, Any]:
         try:
