@@ -32,6 +32,7 @@ def state_record(state: RunState) -> dict[str, Any]:
     data["status"] = state.status.value
     data["handled_commands"] = list(state.handled_commands)
     data["input_responses"] = list(state.input_responses)
+    data["handled_renewals"] = list(state.handled_renewals)
     data["effects"] = [_plain(effect) for effect in state.effects]
     lease, wait, stop = state.lease, state.input_wait, state.stop
     if lease is not None:
@@ -72,6 +73,7 @@ def state_from_record(record: dict[str, Any]) -> RunState:
     if wait is not None:
         data["input_wait"] = InputWait(**wait)
     data["input_responses"] = tuple(data.get("input_responses", ()))
+    data["handled_renewals"] = tuple(data.get("handled_renewals", ()))
     data["effects"] = tuple(EffectRecord(**e) for e in data.get("effects", ()))
     stop = data.get("stop")
     if stop is not None:

@@ -122,10 +122,8 @@ RUN = Case(
     lambda log, store, clock: RunCommandProcessor(log, store, CODEC, clock),
     run_commands,
     lambda key: submit_command("acme", key, command_id=f"s-{key}"),
-    # The Run deduplicates renewals by their sequence, not their id (lease_coordinator/domain/
-    # run.py `_remembered`): a redelivered renewal is refused DUPLICATE_SEQUENCE (LEASE_RELEASED
-    # once the lease ended). A known deviation of the domain, reported on issue 11.
-    answered_again=frozenset({"RenewLease"}),
+    # No answered_again: a redelivered renewal is dropped by its command id like every other
+    # command (RunState.handled_renewals, issue 16), never refused after it was accepted.
 )
 
 

@@ -94,7 +94,7 @@ def decide(
 ) -> Decision:
     """`load` is the tenant's current reservations and `blocked` the block policy's subjects
     ("principal:<name>", "tenant:<id>"), as the processor knows them when it decides (EXE-2)."""
-    if state is not None and command.command_id in state.handled_commands:
+    if state is not None and state.handled(command.command_id):
         return ()
     refused = _admission(state, command, policy, load or TenantLoad(), blocked)
     if refused is not None:
@@ -326,13 +326,19 @@ def evolve(state: RunState | None, event: RunEvent) -> RunState:
         if changed is None:
             raise TypeError(f"not a Run event: {event!r}")
         after = changed
+    if isinstance(event, LeaseRenewed):
+        # A long run renews thousands of times: its renewals get a short window of their own
+        # rather than pushing every other command out of handled_commands (issue 16).
+        return replace_fields(
+            after, version=event.version, handled_renewals=after.remember_renewal(event.causation_id)
+        )
     return replace_fields(after, version=event.version, handled_commands=_remembered(after, event))
 
 
 def _remembered(state: RunState, event: RunEvent) -> tuple[str, ...]:
-    # Renewals are deduplicated by sequence and timer events have no command: keeping their
-    # causes would only grow the state of a long run.
-    if isinstance(event, LeaseRenewed) or event.causation_id.startswith("timer/"):
+    # Timer events have no command to be redelivered: keeping their causes would only grow the
+    # state of a long run.
+    if event.causation_id.startswith("timer/"):
         return state.handled_commands
     return state.remember(event.causation_id)
 

@@ -15,6 +15,7 @@ __all__ = [
     "COORDINATOR_ACTOR",
     "DEFAULT_POLICY",
     "RECENT_COMMANDS_KEPT",
+    "RECENT_RENEWALS_KEPT",
     "Decision",
     "EffectRecord",
     "InputWait",
@@ -36,8 +37,13 @@ __all__ = [
 
 COORDINATOR_ACTOR = "tenure-coordinator"
 # Redelivery after a crash only ever repeats the last batch, so a short window of recent command
-# ids is enough to drop repeats; renewals are deduplicated by their sequence instead.
+# ids is enough to drop repeats; renewals have a window of their own (RECENT_RENEWALS_KEPT).
 RECENT_COMMANDS_KEPT = 64
+# Renewals are most of a long run's commands, so they are kept apart and fewer: a handover
+# redelivers what was consumed since the last offset commit (well under a second of traffic),
+# and eight renewals are minutes of heartbeats at the EXE-4 interval. A renewal redelivered
+# after it left the window is refused by its sequence, as a client's resend is (issue 16).
+RECENT_RENEWALS_KEPT = 8
 
 
 @dataclass(frozen=True)
@@ -202,11 +208,24 @@ class RunState:
     # EXE-14: what the run runs (the agent revision a schedule or the submitter named); None when
     # none was named. States stored before this field existed decode with None.
     agent_revision_id: str | None = None
+    # The most recent accepted renewals' command ids, oldest first (RECENT_RENEWALS_KEPT), across
+    # attempts: a redelivered renewal is dropped like any handled command (issue 16). States
+    # stored before this field existed decode with ().
+    handled_renewals: tuple[str, ...] = ()
 
     def remember(self, command_id: str) -> tuple[str, ...]:
         if command_id in self.handled_commands:
             return self.handled_commands
         return (*self.handled_commands, command_id)[-RECENT_COMMANDS_KEPT:]
+
+    def remember_renewal(self, command_id: str) -> tuple[str, ...]:
+        if command_id in self.handled_renewals:
+            return self.handled_renewals
+        return (*self.handled_renewals, command_id)[-RECENT_RENEWALS_KEPT:]
+
+    def handled(self, command_id: str) -> bool:
+        """Whether this command was decided already: its redelivery changes nothing."""
+        return command_id in self.handled_commands or command_id in self.handled_renewals
 
     def effect(self, effect_id: str) -> EffectRecord | None:
         return next((e for e in self.effects if e.effect_id == effect_id), None)
