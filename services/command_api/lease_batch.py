@@ -7,7 +7,10 @@ per item, in the order given:
 * `"status": "accepted"`: the coordinator renewed the lease; `expiresAt`, `serverTime`,
   `certainty`, `runStatus` and the stop flags (EXE-7/EXE-10), as the single heartbeat answers,
   plus `watchdog` (WD-5), the pending intervention of the run, or null;
-* `"status": "replayed"`: the sequence was already used (a retried batch); nothing changed;
+* `"status": "replayed"`: the sequence was already used (a retried batch); nothing changed. The
+  item has the same fields as an accepted one, from the run as it stands now (`expiresAt` and
+  `certainty` of its lease, the stop flags, `watchdog`), so a retried batch still tells the
+  runner of a stop requested since (EXE-7/EXE-10) or of an intervention (WD-5);
 * `"status": "refused"`: `problem` is the problem+json body the single heartbeat would have
   answered with (`stale-epoch`, `unknown-attempt`, `not-lease-holder`, ...), status included;
 * `"status": "pending"`: the command is durable but was not decided within the deadline
@@ -46,7 +49,14 @@ from services.common.contracts.ids import run_id_of_attempt
 from services.common.decisions import Decided, Decision, Rejected
 from services.common.routing import command_record
 
-__all__ = ["MAX_BATCH_RENEWALS", "BatchRenewalRequest", "RenewalItem", "add_batch_renewal"]
+__all__ = [
+    "MAX_BATCH_RENEWALS",
+    "BatchRenewalRequest",
+    "RenewalItem",
+    "add_batch_renewal",
+    "replayed_fields",
+    "stop_fields",
+]
 
 # 500 leases per request: a host of 100,000 runs at a 20 s heartbeat sends 10 requests/s, and
 # the largest valid body (500 items of 200-character ids) stays far below the 1 MiB body limit.
@@ -72,6 +82,35 @@ class BatchRenewalRequest(ApiBody):
                 raise ValueError(f"attempt {item.attemptId[:80]!r} appears twice; renew each lease once")
             seen.add(item.attemptId)
         return self
+
+
+def stop_fields(run: dict[str, Any]) -> dict[str, Any]:
+    """EXE-7/EXE-10: a requested stop, as every renewal answer carries it, from a run's brief or
+    view (both have `status` and `stop`)."""
+    stop = run.get("stop") or {}
+    return {
+        "stopRequested": run.get("status") == "cancelling",
+        "stopKind": stop.get("kind"),
+        "stopGraceUntil": stop.get("graceUntil"),
+    }
+
+
+def replayed_fields(view: dict[str, Any], attempt_id: str) -> dict[str, Any]:
+    """What a repeated sequence answers besides its ids and serverTime: nothing was renewed, so
+    the attempt's lease and the run as the view shows them now, with the stop flags from the
+    same view (the attempt's lease, not another's: after a takeover it is in the history).
+
+    A view not read (a batch's run this instance has not folded yet) answers as an accepted
+    renewal without a brief does: the sequence was renewed, so a lease was held, running."""
+    leases = (view.get("lease"), *view.get("leaseHistory", []))
+    mine = (x for x in leases if x is not None and x.get("attemptId") == attempt_id)
+    lease: dict[str, Any] = next(mine, {})
+    return {
+        "expiresAt": lease.get("expiresAt"),
+        "certainty": lease.get("certainty"),
+        "runStatus": view.get("status", "running"),
+        **stop_fields(view),
+    }
 
 
 def _refused(item: RenewalItem, slug: str, detail: str, path: str, **extensions: Any) -> dict[str, Any]:
@@ -150,17 +189,20 @@ def add_batch_renewal(router: APIRouter, ctx: ApiContext) -> None:
             for index, run_id in run_of.items()
         }
         decisions = await _publish_all(ctx, commands)
+        replays = [run_of[i] for i, d in decisions.items() if _is_replay(d)]
+        # A replay is answered from the run as it stands (rare: a retried batch), so its whole
+        # view is read, as a single heartbeat's replay reads it; one hop for all of them.
+        views = await ctx.in_thread("the run views", _read_all, ctx.deps.views.get, replays)
         watchdog = await ctx.in_thread(
             "the watchdog views",
             _watchdog_briefs,
             ctx,
-            [run_of[i] for i, d in decisions.items() if isinstance(d, Decided)],
+            [run_of[i] for i, d in decisions.items() if isinstance(d, Decided) or _is_replay(d)],
         )
         for index, decision in decisions.items():
             item, run_id = items[index], run_of[index]
-            results[index] = _result(
-                item, run_id, commands[index], decision, briefs.get(run_id), watchdog, path
-            )
+            run = views.get(run_id) if _is_replay(decision) else briefs.get(run_id)
+            results[index] = _result(item, run_id, commands[index], decision, run, watchdog, path)
         answered = [r for r in results if r is not None]
         counts = {s: sum(1 for r in answered if r["status"] == s) for s in _STATUSES}
         return {"results": answered, **counts}
@@ -216,21 +258,27 @@ async def _publish_all(ctx: ApiContext, commands: dict[int, RenewLease]) -> dict
                 d.decisions.forget(commands[index].command_id, future)
 
 
+def _is_replay(decision: Decision | str | None) -> bool:
+    return isinstance(decision, Rejected) and decision.rejection.code == "DUPLICATE_SEQUENCE"
+
+
 def _result(
     item: RenewalItem,
     run_id: str,
     command: RenewLease,
     decision: Decision | str | None,
-    brief: dict[str, Any] | None,
+    run: dict[str, Any] | None,
     watchdog: dict[str, dict[str, Any] | None],
     path: str,
 ) -> dict[str, Any]:
+    """One item's answer; `run` is the brief read before publishing (an accepted renewal, as
+    a heartbeat) or, for a replay, the whole view read after its decision."""
     base = {"attemptId": item.attemptId, "epoch": item.leaseEpoch, "sequence": item.sequence}
+    pending = (watchdog.get(run_id) or {}).get("pendingIntervention")
+    intervention = dict(pending) if isinstance(pending, dict) else None
     if isinstance(decision, Decided):
         event = decision.event
-        before = brief or {}
-        stop = before.get("stop") or {}
-        pending = (watchdog.get(run_id) or {}).get("pendingIntervention")
+        before = run or {}
         return {
             **base,
             "status": "accepted",
@@ -240,13 +288,18 @@ def _result(
             "runStatus": "running"
             if getattr(event, "run_started", False)
             else before.get("status", "running"),
-            "stopRequested": before.get("status") == "cancelling",
-            "stopKind": stop.get("kind"),
-            "stopGraceUntil": stop.get("graceUntil"),
-            "watchdog": dict(pending) if isinstance(pending, dict) else None,
+            **stop_fields(before),
+            "watchdog": intervention,
         }
-    if isinstance(decision, Rejected) and decision.rejection.code == "DUPLICATE_SEQUENCE":
-        return {**base, "status": "replayed", "serverTime": decision.rejection.occurred_at}
+    if isinstance(decision, Rejected) and _is_replay(decision):
+        # The same fields as an accepted item (the single heartbeat's replay answers the same).
+        return {
+            **base,
+            "status": "replayed",
+            "serverTime": decision.rejection.occurred_at,
+            **replayed_fields(run or {}, item.attemptId),
+            "watchdog": intervention,
+        }
     if isinstance(decision, Rejected):
         r = decision.rejection
         slug = _ATTEMPT_OVERRIDES.get(r.code) or REJECTION_PROBLEMS.get(r.code, "command-rejected")

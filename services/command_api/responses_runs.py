@@ -213,14 +213,16 @@ class LeaseGrant(Body):
 class QueueGrant(LeaseGrant):
     queue: str
     tenant: str
-    waitedMs: int | None = Field(
-        default=None,
-        description="How long the request waited before its claim was sent (absent on a repeat).",
+    waitedMs: int = Field(
+        ge=0,
+        description="How long the request waited before its claim was sent; a repeat under the "
+        "same Idempotency-Key answers the first request's wait (count it from the first send).",
     )
 
 
 class HeartbeatAnswer(Body):
-    """The renewal; a repeated sequence is answered from the lease as it stands (`replayed`)."""
+    """The renewal; a repeated sequence is answered from the lease as it stands (`replayed`),
+    with the same fields: the stop flags (EXE-7/EXE-10) and `watchdog` (WD-5) are always there."""
 
     attemptId: str
     epoch: int
@@ -230,16 +232,17 @@ class HeartbeatAnswer(Body):
     serverTime: Ms
     certainty: str | None
     runStatus: str
-    stopRequested: bool | None = Field(
-        default=None, description="The run is being cancelled: finish and report cancelled."
-    )
-    stopKind: str | None = None
-    stopGraceUntil: int | None = None
-    watchdog: Intervention = None
+    stopRequested: bool = Field(description="The run is being stopped: finish and report (EXE-7).")
+    stopKind: str | None = Field(description="Why it is stopped (cancel, deadline); null if it is not.")
+    stopGraceUntil: int | None = Field(description="Epoch ms the stop must be confirmed by; null if none.")
+    watchdog: Intervention
     replayed: bool | None = Field(default=None, description="true: this sequence was renewed already.")
 
 
 class RenewalResult(Body):
+    """One item; `accepted` and `replayed` carry the fields of a heartbeat's answer (stop flags
+    and `watchdog` included), the other statuses only theirs (`problem`, `commandId`)."""
+
     attemptId: str
     epoch: int | None = None
     sequence: int | None = None
@@ -250,6 +253,9 @@ class RenewalResult(Body):
     certainty: str | None = None
     runStatus: str | None = None
     stopRequested: bool | None = None
+    stopKind: str | None = None
+    stopGraceUntil: int | None = None
+    watchdog: Intervention = None
     commandId: str | None = None
     problem: dict[str, Any] | None = Field(default=None, description="A refusal, as a problem body.")
 

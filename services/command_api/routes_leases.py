@@ -21,7 +21,7 @@ from services.command_api.context import (
     rejection_problem,
 )
 from services.command_api.idempotency import PRINCIPAL_FIELD, KeyedRequest, conflict_problem, differing_fields
-from services.command_api.lease_batch import add_batch_renewal
+from services.command_api.lease_batch import add_batch_renewal, replayed_fields, stop_fields
 from services.command_api.models import (
     ClaimRequest,
     HeartbeatRequest,
@@ -221,6 +221,8 @@ def leases_router(ctx: ApiContext) -> APIRouter:
 
     @router.post("/attempts/{attempt_id}/heartbeat", summary="Renew the lease (EXE-4, LEASE-5)")
     async def heartbeat(attempt_id: str, body: HeartbeatRequest, request: Request) -> Any:
+        """A repeated sequence (a runner whose answer was lost) renews nothing and answers
+        `replayed: true` with every field a first answer has, taken from the run as it stands."""
         who = ctx.principal(request)
         run_id = _run_of(attempt_id)
         # One read of the view per heartbeat: the holder check and the stop flags both use it
@@ -241,7 +243,6 @@ def leases_router(ctx: ApiContext) -> APIRouter:
         outcome = await ctx.publish_and_wait(command, wait_for_view=False)
         if isinstance(outcome, Outcome):
             event = outcome.decided.event
-            stop = before.get("stop") or {}
             status = "running" if getattr(event, "run_started", False) else before.get("status", "running")
             return {
                 "attemptId": attempt_id,
@@ -252,23 +253,22 @@ def leases_router(ctx: ApiContext) -> APIRouter:
                 "certainty": "active",
                 "runStatus": status,
                 # EXE-7/EXE-10: the runner learns of a requested stop on its next heartbeat.
-                "stopRequested": before.get("status") == "cancelling",
-                "stopKind": stop.get("kind"),
-                "stopGraceUntil": stop.get("graceUntil"),
+                **stop_fields(before),
                 # WD-5: the semantic watchdog's intervention in force for the run, if any.
                 "watchdog": await pending_for_runner(ctx, run_id),
             }
         if isinstance(outcome, Rejected) and outcome.rejection.code == "DUPLICATE_SEQUENCE":
+            # The same fields as a first answer, from the view as it stands now: a runner whose
+            # answer was lost repeats the sequence, and must still learn of a stop requested
+            # since (EXE-7/EXE-10) and of the watchdog's intervention (WD-5).
             view = await existing_run(run_id)
-            lease = view.get("lease") or {}
             return {
                 "attemptId": attempt_id,
                 "epoch": body.leaseEpoch,
                 "sequence": body.sequence,
-                "expiresAt": lease.get("expiresAt"),
                 "serverTime": outcome.rejection.occurred_at,
-                "certainty": lease.get("certainty"),
-                "runStatus": view["status"],
+                **replayed_fields(view, attempt_id),
+                "watchdog": await pending_for_runner(ctx, run_id),
                 "replayed": True,
             }
         if isinstance(outcome, Rejected):

@@ -26,7 +26,13 @@ Runners stop listing runs and racing each other for them: the API picks.
 * **Idempotency**: with an `Idempotency-Key`, each claim's command id is derived from the run,
   the key and the caller, and the instance remembers which run the key claimed (the last
   REMEMBERED_KEYS keys): a repeat (a runner whose 201 was lost) answers the same grant, 201,
-  instead of claiming a second run and leaving the first lease to expire. The memory is per API
+  instead of claiming a second run and leaving the first lease to expire. The repeat carries
+  every field of the first answer; its `waitedMs` is the FIRST request's wait, remembered with
+  the key (the repeat itself waited for nothing, and its claim was sent by that first request):
+  added to the time of the first send under the key, as the runner SDK counts, it is still when
+  the granted claim was sent, so never past the grant (LEASE-4, LEASE-5). A caller that counts
+  from the repeat's own send time overestimates its lease whatever the value (the grant was
+  made before the repeat was sent), so it must count from its first send. The memory is per API
   instance; a repeat that reaches another instance claims anew (the first lease then expires
   unrenewed, LEASE-5, and the run is requeued or failed as its retry policy says).
 * **Scan bound**: at most MAX_SCANNED queued runs (oldest first) are considered per look.
@@ -140,20 +146,26 @@ def queues_router(ctx: ApiContext) -> APIRouter:
     router = ctx.guarded()
     rotation = TenantRotation()
     claiming: set[str] = set()  # runs a request of this instance is claiming right now
-    # (caller, Idempotency-Key) -> (run id, claim command id), least recently used first
-    keyed: OrderedDict[tuple[str, str], tuple[str, str]] = OrderedDict()
+    # (caller, Idempotency-Key) -> (run id, claim command id, the first request's waitedMs),
+    # least recently used first
+    keyed: OrderedDict[tuple[str, str], tuple[str, str, int]] = OrderedDict()
 
     async def replayed(who: str, key: str) -> Any:
         """The grant an earlier claim-next under this key made, if this instance made it."""
         found = keyed.get((who, key))
         if found is None:
             return None
-        run_id, command_id = found
+        run_id, command_id, waited_ms = found
         view = await ctx.view(run_id)
         entry = next((e for e in (view or {}).get("history", []) if e.get("causationId") == command_id), None)
         if view is None or entry is None:
             return None
-        grant = {**_replayed_grant(dict(entry), view), "queue": queue_of(view), "tenant": view["tenant"]}
+        grant = {
+            **_replayed_grant(dict(entry), view),
+            "queue": queue_of(view),
+            "tenant": view["tenant"],
+            "waitedMs": waited_ms,  # the first request's: see the module doc (Idempotency)
+        }
         return JSONResponse(grant, status_code=201, headers={"Location": f"/runs/{run_id}"})
 
     async def candidates(queue: str, capabilities: frozenset[str]) -> list[dict[str, Any]]:
@@ -177,7 +189,12 @@ def queues_router(ctx: ApiContext) -> APIRouter:
         return found
 
     async def try_claim(
-        view: dict[str, Any], body: QueueClaimRequest, request: Request, who: str, key: str | None
+        view: dict[str, Any],
+        body: QueueClaimRequest,
+        request: Request,
+        who: str,
+        key: str | None,
+        waited_ms: int,
     ) -> Any:
         run_id = view["runId"]
         # Derived, so that the same request sent again is the same command (the coordinator
@@ -185,7 +202,7 @@ def queues_router(ctx: ApiContext) -> APIRouter:
         cause = f"queue:{who}:{key}" if key else f"queue:{body.runnerId}:{view['version']}"
         command_id = command_id_for(run_id, "ClaimRun", cause)
         if key:
-            keyed[(who, key)] = (run_id, command_id)
+            keyed[(who, key)] = (run_id, command_id, waited_ms)
             keyed.move_to_end((who, key))
             while len(keyed) > REMEMBERED_KEYS:
                 keyed.popitem(last=False)
@@ -219,7 +236,8 @@ def queues_router(ctx: ApiContext) -> APIRouter:
         queue: str = Path(description="executionSpec.queue, else the run's queue label, else 'default'."),
         idempotency_key: str | None = Header(default=None, alias="Idempotency-Key", max_length=200),
     ) -> Any:
-        """A repeat under the same Idempotency-Key answers the grant it made (on this instance)."""
+        """A repeat under the same Idempotency-Key answers the grant it made (on this instance),
+        with the same fields; its `waitedMs` is the first request's wait (the module doc says why)."""
         who = ctx.principal(request)
         # The roles that may claim a run by id (POST /runs/{runId}/attempts) may claim the next one.
         require_role(who, "claiming a run", Role.SUBMITTER, Role.RUNNER, Role.OPERATOR)
@@ -243,7 +261,7 @@ def queues_router(ctx: ApiContext) -> APIRouter:
                 # How long this request waited before it sent the claim that may be granted: the
                 # runner may count its lease from its send time plus this (never past the grant).
                 waited_ms = int((loop.time() - started) * 1000)
-                outcome = await try_claim(view, body, request, who.name, idempotency_key)
+                outcome = await try_claim(view, body, request, who.name, idempotency_key, waited_ms)
                 if isinstance(outcome, Rejected):
                     if idempotency_key:
                         keyed.pop((who.name, idempotency_key), None)

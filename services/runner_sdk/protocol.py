@@ -398,7 +398,8 @@ class ClientCore:
             server_time=_int(answer, "serverTime"),
             certainty=_field(answer, "certainty", str),
             run_status=_field(answer, "runStatus", str),
-            # Optional in the contract: an older API, or a replayed answer, carries no stop flags.
+            # Tolerated as absent: an older API carries no stop flags (nor, on a replay, before
+            # issue 17's repeat answers); this API always sends them, replay or not.
             stop_requested=_optional(answer, "stopRequested", bool) or False,
             stop_kind=_optional(answer, "stopKind", str),
             stop_grace_until=_optional_int(answer, "stopGraceUntil"),
