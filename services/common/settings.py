@@ -275,13 +275,14 @@ class TenureSettings(KafkaSettings):
         le=1000,
         description="A numeric TENURE_INSTANCE_ID n serves health on its port + n * stride (0 = same port).",
     )
-    # Off by default: with it on, a batch in flight when the broker restarts can wait on its
-    # transactional offset commit while faust's rebalance waits on the batch (docs/architecture.md,
-    # "Scale-out", the generation fence); tests/integration/test_scale_out_fencing.py runs with it.
+    # On by default (issue 16): an owner the group evicted cannot commit. The stall this once had
+    # after a broker restart (librdkafka ignoring the offset send's timeout) is bounded by the
+    # writer itself (services/common/kafka/_transactional.py, WriterStalled).
     group_fence: bool = Field(
-        default=False,
+        default=True,
         description="Commit each batch's command offsets in its transaction under the group generation "
-        "(KIP-447), so an owner the group evicted cannot commit; see the caveat in the docs.",
+        "(KIP-447), so an owner the group evicted cannot commit (docs/architecture.md, the generation "
+        "fence).",
     )
 
     # --- the artifact object store (EXE-15; services/common/objectstore): filesystem or S3 ---

@@ -12,13 +12,21 @@ aborts. The producer here is a fake that keeps librdkafka's transaction states.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from services.common.kafka import OutboundRecord, TransactionalWriter, WriterFenced
+from services.common.kafka import (
+    GroupFence,
+    OffsetsStalled,
+    OutboundRecord,
+    TransactionalWriter,
+    WriterFenced,
+)
 from services.common.kafka import _transactional as transactional
 from services.common.kafka._errors import is_transient_kafka_error
 
@@ -82,6 +90,21 @@ class FakeProducer:
             on_delivery(None, _Message(topic, partition, offset))
         return 0
 
+    # librdkafka ignores this call's timeout while the group coordinator is away (#5456): a
+    # test sets `offsets_stuck` to hold it until released, as librdkafka held a batch for good.
+    offsets_stuck: threading.Event | None = None
+    offsets_error: KafkaError | None = None
+
+    def send_offsets_to_transaction(
+        self, positions: Any, metadata: bytes, timeout: float | None = None
+    ) -> None:
+        if self.state != "InTransaction":
+            raise _state_error(self.state)
+        if self.offsets_stuck is not None:
+            self.offsets_stuck.wait(30)
+        if self.offsets_error is not None:
+            raise KafkaException(self.offsets_error)
+
     def commit_transaction(self, timeout: float | None = None) -> None:
         self.commit_calls += 1
         if self.state not in ("InTransaction", "CommittingTransaction"):
@@ -112,7 +135,9 @@ class FakeProducer:
 def writer(monkeypatch: pytest.MonkeyPatch) -> TransactionalWriter:
     FakeProducer.instances.clear()
     monkeypatch.setattr(transactional, "Producer", FakeProducer)
-    return TransactionalWriter("fake:9092", "test-writer", commit_retry_budget_s=0.05, retry_base_s=0.001)
+    return TransactionalWriter(
+        "fake:9092", "test-writer", commit_retry_budget_s=0.05, retry_base_s=0.001, offsets_timeout_s=0.05
+    )
 
 
 def producer() -> FakeProducer:
@@ -172,3 +197,52 @@ def test_a_fenced_commit_is_writer_fenced(writer: TransactionalWriter) -> None:
     producer().commit_errors = [KafkaError(KafkaError._FENCED, "fenced", fatal=True)]
     with pytest.raises(WriterFenced):
         writer.commit(BATCH)
+
+
+FENCE = GroupFence("tenure-lease-coordinator", 3, "member-1", "lease-coordinator-0", "runs.commands", {1: 7})
+
+
+def test_an_offset_send_that_never_returns_is_transient_and_the_writer_reinitialises(
+    writer: TransactionalWriter,
+) -> None:
+    """Issue 16, the generation fence after a broker restart: librdkafka kept a batch inside
+    send_offsets_to_transaction past its timeout while faust's rebalance waited on that batch.
+    The writer's own clock bounds the wait: OffsetsStalled, transient (the runtime retries the
+    batch), with no abort attempted while librdkafka still holds the call. At once a new
+    producer takes the same transactional id (its init_transactions aborts the stalled
+    transaction and fences the old producer); the retry runs on it, the old one is never called
+    again."""
+    stalled = producer()
+    stuck = threading.Event()
+    stalled.offsets_stuck = stuck
+    began = time.monotonic()
+    try:
+        with pytest.raises(OffsetsStalled) as raised:
+            writer.commit(BATCH, fence=FENCE)
+        took = time.monotonic() - began
+        assert took < 0.05 + transactional._STALL_MARGIN_S + 1.0, took
+        assert isinstance(raised.value, TimeoutError), "classified transient by the stream runtime"
+        assert stalled.aborted == 0 and stalled.committed == []
+        # Re-initialised at once: the stalled transaction must not hold read_committed readers.
+        assert len(FakeProducer.instances) == 2 and writer.reinitialisations == 1
+        assert writer.commit(BATCH, fence=FENCE) == {("runs.events", 1): 0}
+        assert writer.reinitialisations == 1
+        fresh = FakeProducer.instances[1]
+        assert fresh.committed == [[("runs.events", 1)]]
+        assert stalled.committed == [] and stalled.state == "InTransaction", "the old one untouched"
+    finally:
+        stuck.set()
+
+
+def test_an_offset_send_from_a_past_generation_is_writer_fenced_and_aborted(
+    writer: TransactionalWriter,
+) -> None:
+    producer().offsets_error = KafkaError(KafkaError.ILLEGAL_GENERATION, "ILLEGAL_GENERATION")
+    with pytest.raises(WriterFenced):
+        writer.commit(BATCH, fence=FENCE)
+    assert producer().aborted == 1 and producer().committed == []
+
+
+def test_a_fenced_batch_commits_with_its_offsets(writer: TransactionalWriter) -> None:
+    assert writer.commit(BATCH, fence=FENCE) == {("runs.events", 1): 0}
+    assert producer().committed == [[("runs.events", 1)]]

@@ -24,7 +24,7 @@ from services.common.kafka._group import GroupFence, committed_offsets
 from services.common.kafka._publisher import CommandPublisher
 from services.common.kafka._reader import PartitionReader, TopicFollower, follower_lags
 from services.common.kafka._records import InboundRecord, OutboundRecord
-from services.common.kafka._transactional import TransactionalWriter, WriterFenced
+from services.common.kafka._transactional import OffsetsStalled, TransactionalWriter, WriterFenced
 
 __all__ = [
     "CommandPublisher",
@@ -34,6 +34,7 @@ __all__ = [
     "KafkaAuthenticationError",
     "KafkaClientConfig",
     "KafkaConfigError",
+    "OffsetsStalled",
     "OutboundRecord",
     "PartitionReader",
     "TopicFollower",

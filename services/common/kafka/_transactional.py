@@ -13,16 +13,32 @@ runtime's retry of a failed batch really redoes it (librdkafka's transactional A
     full-jitter backoff, for up to `commit_retry_budget_s`; a commit still unresolved then is
     raised (transient) and resumed first by the next `commit`, before a new transaction begins;
   * a failure that requires an abort (txn_requires_abort) aborts, then is raised (transient);
-  * a fenced or fatal producer is WriterFenced: this incarnation must stop.
+  * a fenced or fatal producer is WriterFenced: this incarnation must stop;
+  * the generation fence's offset send (`send_offsets_to_transaction`) is waited for by the
+    writer's own clock, not librdkafka's: librdkafka ignores that call's timeout while the group
+    coordinator is away (confluentinc/librdkafka#5456, #5511), and a broker restart left a batch
+    inside it for good while faust's rebalance waited on that batch. Past `offsets_timeout_s`
+    the producer is abandoned (librdkafka refuses every other transactional call while it holds
+    that one), the writer re-initialises at once — a new producer under the same transactional
+    id, whose `init_transactions` aborts the stalled transaction (it never committed; until then
+    it holds every read_committed reader back, the retry's restore first) and fences the
+    abandoned producer, so nothing it still holds can land — and OffsetsStalled, a TimeoutError,
+    is raised: transient, the batch is retried (if the re-initialisation failed too, the next
+    `commit` tries it again first).
 A raised `commit` may have landed (a resumed commit can still succeed): the processor restores
 from the log before it decides again (services/common/aggregate/processor.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import queue
+import threading
 import time
 from collections.abc import Callable
-from typing import Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, Sequence
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
@@ -36,11 +52,41 @@ from services.common.kafka._records import OutboundRecord
 _ANY_PARTITION = -1
 _FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})
 
-__all__ = ["TransactionalWriter", "WriterFenced"]
+# How much longer than librdkafka's own timeout the writer waits for the offset send.
+_STALL_MARGIN_S = 1.0
+
+__all__ = ["OffsetsStalled", "TransactionalWriter", "WriterFenced"]
 
 
 class WriterFenced(Exception):
     """Another incarnation with the same transactional id took over; this one must stop."""
+
+
+class OffsetsStalled(TimeoutError):
+    """The offset send outlived its bound inside librdkafka; the writer re-initialises before
+    its next transaction (module docstring). Transient: the batch is retried."""
+
+
+class _CallThread:
+    """Runs one call at a time on a daemon thread and waits for it by the caller's clock. A
+    daemon, so a call librdkafka never returns from cannot hold the interpreter's exit."""
+
+    def __init__(self, name: str) -> None:
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name=name, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            call, done = self._calls.get()
+            try:
+                done.set_result(call())
+            except BaseException as exc:  # handed to the waiting caller
+                done.set_exception(exc)
+
+    def run(self, call: Callable[[], Any], timeout_s: float) -> Any:
+        done: Future[Any] = Future()
+        self._calls.put((call, done))
+        return done.result(timeout_s)  # FutureTimeout past the bound; the call goes on there
 
 
 class TransactionalWriter:
@@ -54,6 +100,7 @@ class TransactionalWriter:
         commit_retry_budget_s: float = 15.0,
         retry_base_s: float = 0.05,
         retry_cap_s: float = 1.0,
+        offsets_timeout_s: float = 3.0,
     ) -> None:
         config = base_config(bootstrap_servers, transactional_id)
         config.update(
@@ -68,6 +115,9 @@ class TransactionalWriter:
                 "transaction.timeout.ms": transaction_timeout_ms,
             }
         )
+        self._config = config
+        self._init_timeout_s = init_timeout_s
+        self._offsets_timeout_s = offsets_timeout_s
         self._retry_budget_s = commit_retry_budget_s
         self._retry_base_s = retry_base_s
         self._retry_cap_s = retry_cap_s
@@ -76,6 +126,11 @@ class TransactionalWriter:
         self._unresolved: Callable[[], None] | None = None
         self._producer = Producer(config)
         self._producer.init_transactions(init_timeout_s)
+        # Where the offset send runs, so that its wait is bounded by our clock (module docstring):
+        # made on first use (an unfenced writer never needs it), abandoned with a stalled producer.
+        self._offsets_thread: _CallThread | None = None
+        self._stalled = False
+        self.reinitialisations = 0
 
     def commit(
         self, records: Sequence[OutboundRecord], *, fence: GroupFence | None = None
@@ -87,6 +142,8 @@ class TransactionalWriter:
         nothing of the transaction becomes visible (services/common/kafka/_group.py)."""
         if not records:
             return {}
+        if self._stalled:
+            self._reinitialise()
         if self._unresolved is not None:
             self._resolve(self._unresolved)
         last_offsets: dict[tuple[str, int], int] = {}
@@ -116,6 +173,8 @@ class TransactionalWriter:
                 raise KafkaException(failures[0])
             if fence is not None and fence.offsets:
                 self._send_offsets(fence)
+        except OffsetsStalled:
+            raise  # librdkafka still holds the offset send: an abort would be refused or hang
         except BaseException:
             self._resolve(self._producer.abort_transaction)
             raise
@@ -148,10 +207,28 @@ class TransactionalWriter:
             return
 
     def _send_offsets(self, fence: GroupFence) -> None:
+        if self._offsets_thread is None:
+            self._offsets_thread = _CallThread("tenure-offsets-to-txn")
+        producer, bound_s = self._producer, self._offsets_timeout_s
         try:
-            self._producer.send_offsets_to_transaction(
-                fence.positions(), fence.metadata(), self._retry_budget_s
+            self._offsets_thread.run(
+                lambda: producer.send_offsets_to_transaction(fence.positions(), fence.metadata(), bound_s),
+                bound_s + _STALL_MARGIN_S,
             )
+        except FutureTimeout:
+            self._stalled = True
+            self._offsets_thread = None  # its thread is still inside librdkafka: never reused
+            # Now, not at the next commit: until the stalled transaction is aborted, every
+            # read_committed reader of these partitions (the retry's own restore first) waits
+            # at it, up to transaction.timeout.ms. If the broker is still away, the next commit
+            # tries again.
+            with contextlib.suppress(KafkaException):
+                self._reinitialise()
+            raise OffsetsStalled(
+                f"the generation fence's offset commit to group {fence.group_id} did not return in "
+                f"{bound_s + _STALL_MARGIN_S:.0f} s (librdkafka ignores its timeout while the group "
+                "coordinator is away); the writer re-initialises before the next transaction"
+            ) from None
         except KafkaException as exc:
             error = _error_of(exc)
             if error is not None and error.name() in GROUP_FENCED_CODES:
@@ -162,6 +239,18 @@ class TransactionalWriter:
             _raise_if_fenced(error, exc)
             raise
 
+    def _reinitialise(self) -> None:
+        """A new producer under the same transactional id: its `init_transactions` aborts the
+        stalled transaction and fences the abandoned producer (the broker bumps the epoch)."""
+        producer = Producer(self._config)
+        try:
+            producer.init_transactions(self._init_timeout_s)
+        except KafkaException as exc:
+            _raise_if_fenced(_error_of(exc), exc)
+            raise  # transient (the broker still away): the next commit tries again
+        self._producer, self._stalled, self._unresolved = producer, False, None
+        self.reinitialisations += 1
+
     def _call(self, call: Callable[[], None]) -> None:
         try:
             call()
@@ -170,7 +259,8 @@ class TransactionalWriter:
             raise
 
     def close(self) -> None:
-        self._producer.flush(5.0)
+        if not self._stalled:
+            self._producer.flush(5.0)
 
 
 def _error_of(exc: KafkaException) -> KafkaError | None:
