@@ -27,23 +27,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import bisect
 import datetime as dt
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import httpx
-from confluent_kafka import Producer
 
 from bench._leases_io import (
     CLIENTS,
@@ -62,90 +56,43 @@ from bench._leases_io import (
     parse,
     release_all,
 )
+from bench._leases_options import parse_args
 from bench._leases_report import render, write_section
+from bench._leases_system import (
+    LEASE_SECONDS,
+    TENANT,
+    EventWatch,
+    coordinator_partitions,
+    start_services,
+    submit_runs,
+)
 from bench.foundation import (
     BATCH,
     Service,
-    ViewTracker,
     bench_raw,
-    publish_all,
     say,
     section_body,
     service_env,
-    spawn,
     submit_command,
     wait_for_api,
 )
-from services.common.broker import BrokerHandle, free_port, start_broker, stop_process
+from services.common.broker import BrokerHandle, start_broker, stop_process
 from services.common.clock import SystemClock
 from services.common.contracts import ClaimRun, RenewLease
 from services.common.eventlog import MemoryEventLog
 from services.common.ids import command_id_for
-from services.common.kafka import InboundRecord, OutboundRecord, TopicFollower
+from services.common.kafka import InboundRecord, OutboundRecord
 from services.common.messages import MessageCodec
 from services.common.settings import repo_root
 from services.common.store import RocksStore
-from services.common.topics import RUNS_COMMANDS, RUNS_EVENTS
+from services.common.topics import RUNS_COMMANDS
 from services.lease_coordinator.domain import attempt_id_for
 from services.lease_coordinator.processor import RunCommandProcessor
-from services.projections.service import views_path
 
 __all__ = ["main"]
 
-TENANT = "bench"
-LEASE_SECONDS = 90  # renewal runs: long enough that no lease of a step goes at risk (45 s) or expires
-DECISION_TIMEOUT_S = 10
 IDLE_S = 5.0
-LEASE_EXPIRED = b"tenure.runs.events.LeaseExpired"
 LOGIC_ROUNDS = 10
-
-
-# --- following runs.events: expiry stamps and commit markers ----------------------------------
-
-
-class EventWatch:
-    """Follows runs.events (read_committed) in a thread: when each LeaseExpired became readable,
-    and the offsets of every event, so the commit markers of a time window can be counted."""
-
-    def __init__(self, bootstrap: str) -> None:
-        self._follower = TopicFollower(bootstrap, [RUNS_EVENTS.name], "end", client_id="tenure-bench-watch")
-        self.expired_seen_ms: dict[str, int] = {}
-        self._offsets: dict[int, list[int]] = {}
-        self._stop = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="event-watch", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                for r in self._follower.poll(max_records=5000, timeout_s=0.05):
-                    self._offsets.setdefault(r.partition, []).append(r.offset)
-                    if next((v for k, v in r.headers if k == "tenure-schema"), b"") == LEASE_EXPIRED:
-                        run_id = r.key.decode() if r.key else ""
-                        self.expired_seen_ms.setdefault(run_id, time.time_ns() // 1_000_000)
-        except BaseException as exc:  # reported by check(): a dead watcher would make figures wrong
-            self._error = exc
-
-    def check(self) -> None:
-        if self._error is not None:
-            raise RuntimeError(f"runs.events watcher failed: {self._error!r}") from self._error
-
-    def markers(self, start: dict[int, int], end: dict[int, int]) -> tuple[int, int]:
-        """(events, non-event offsets) between two end-offset snapshots: the latter are the
-        transaction markers, one per partition a transaction wrote to."""
-        time.sleep(0.5)  # let the watcher read up to `end`; the range is fixed, later records don't count
-        self.check()
-        events = 0
-        for partition, stop in end.items():
-            seen = self._offsets.get(partition, [])
-            events += bisect.bisect_left(seen, stop) - bisect.bisect_left(seen, start.get(partition, 0))
-        return events, sum(end.values()) - sum(start.values()) - events
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(10.0)
-        self._follower.close()
 
 
 # --- expiry detection -------------------------------------------------------------------------
@@ -496,164 +443,6 @@ async def renewal_step(
 # --- main -------------------------------------------------------------------------------------
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.leases",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--runs", type=int, default=2000, help="runs heartbeating in each step (R)")
-    parser.add_argument(
-        "--heartbeat-seconds",
-        default="8,4,2",
-        help="heartbeat interval H of each step, comma-separated whole seconds",
-    )
-    parser.add_argument("--duration", type=float, default=30.0, help="seconds of heartbeats per step (D)")
-    parser.add_argument("--runners", type=int, default=20, help="simulated runners (one HTTP pool each)")
-    parser.add_argument(
-        "--expiry-runs",
-        type=int,
-        default=200,
-        help="2 s leases left to expire, idle and again in each step (K; 0: skip)",
-    )
-    parser.add_argument("--raw-n", type=int, default=20_000, help="records in the raw phase")
-    parser.add_argument(
-        "--client",
-        choices=sorted(CLIENTS),
-        default="aiohttp",
-        help="HTTP client of the simulated runners and claims (httpx costs the bench "
-        "~1-3 ms CPU per request, aiohttp ~0.15 ms: see docs/benchmarks.md)",
-    )
-    parser.add_argument("--concurrency", type=int, default=32, help="claims/reports in flight at once")
-    parser.add_argument(
-        "--batch",
-        type=int,
-        default=0,
-        help="renew through POST /leases:renew, this many leases a request (1-500; 0: one "
-        "POST /attempts/{id}/heartbeat per lease)",
-    )
-    parser.add_argument(
-        "--tenants",
-        type=int,
-        default=1,
-        help="tenants the runs are spread over (1-64): a tenant's runs share one partition, so "
-        "only several tenants spread the load over partitions and coordinator instances",
-    )
-    parser.add_argument(
-        "--coordinators",
-        type=int,
-        default=1,
-        help="lease coordinator instances in one consumer group (1-4; issue 16's two-instance figures)",
-    )
-    parser.add_argument(
-        "--output",
-        default="docs/benchmarks.md",
-        help="markdown file whose section for this configuration is replaced or added ('-' writes nothing)",
-    )
-    parser.add_argument("--keep-temp", action="store_true", help="keep the temp dir (service logs, stores)")
-    args = parser.parse_args(argv)
-    args.steps = [int(h) for h in args.heartbeat_seconds.split(",") if h.strip()]
-    if not 0 <= args.batch <= 500:
-        parser.error("--batch: 0 to 500 leases a request")
-    if not 1 <= args.coordinators <= 4:
-        parser.error("--coordinators: 1 to 4 instances")
-    if not 1 <= args.tenants <= 64:
-        parser.error("--tenants: 1 to 64")
-    if not args.steps or min(args.steps) < 1 or max(args.steps) * 2 > LEASE_SECONDS:
-        parser.error(f"--heartbeat-seconds: whole seconds from 1 to {LEASE_SECONDS // 2}")
-    return args
-
-
-# Each coordinator's health port, to say which partitions each owned during a step.
-COORDINATOR_HEALTH_PORTS: dict[str, int] = {}
-
-
-def coordinator_partitions() -> str:
-    """How many command partitions each coordinator owns now (its tenure_stream_assigned_partitions)."""
-    owned = []
-    for name, port in COORDINATOR_HEALTH_PORTS.items():
-        try:
-            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=3.0).text
-            found = re.search(r"^tenure_stream_assigned_partitions\{[^}]*\} (\S+)$", text, re.M)
-            owned.append(f"{name} {int(float(found.group(1))) if found else '?'}")
-        except httpx.HTTPError as exc:
-            owned.append(f"{name} ? ({type(exc).__name__})")
-    return ", ".join(owned)
-
-
-def start_services(
-    bootstrap: str, workdir: Path, tag: str, coordinators: int = 1
-) -> tuple[list[Service], int]:
-    """As bench.foundation's, plus the decision timeout the lease API is run with; with
-    `coordinators` > 1, that many lease coordinators in one consumer group (issue 16), each with
-    its own instance id, state folder and health port, listed after the API."""
-    port, views_dir = free_port(), workdir / "views"
-    api_env = service_env(
-        bootstrap, views_dir, TENURE_API_PORT=str(port), TENURE_DECISION_TIMEOUT_S=str(DECISION_TIMEOUT_S)
-    )
-
-    def coordinator(index: int) -> Service:
-        name = "lease_coordinator" if index == 0 else f"lease_coordinator-{index}"
-        state = workdir / ("coordinator" if index == 0 else f"coordinator-{index}")
-        COORDINATOR_HEALTH_PORTS[name] = port = free_port()
-        env = service_env(
-            bootstrap,
-            state,
-            TENURE_INSTANCE_ID=f"bench-{tag}" if coordinators == 1 else f"bench-{tag}-{index}",
-            TENURE_COORDINATOR_HEALTH_PORT=str(port),
-        )
-        return spawn(name, "services.lease_coordinator", state, env)
-
-    services = [
-        coordinator(0),
-        spawn("projections", "services.projections", views_dir, service_env(bootstrap, views_dir)),
-        spawn("command_api", "services.command_api", workdir / "api", api_env),
-    ]
-    services += [coordinator(i) for i in range(1, coordinators)]
-    return services, port
-
-
-def submit_runs(
-    bootstrap: str, workdir: Path, run_count: int, tag: str, services: list[Service], tenants: int = 1
-) -> tuple[list[str], float]:
-    path, deadline = views_path(workdir / "views"), time.monotonic() + 60
-    while not (path / "CURRENT").exists():  # the projector creates the views store
-        services[1].check_alive()
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the projector did not create {path} within 60s")
-        time.sleep(0.1)
-    tracker = ViewTracker(bootstrap, path, workdir / "tracker")
-    try:
-        codec = MessageCodec()
-        producer = Producer(
-            {
-                "bootstrap.servers": bootstrap,
-                "client.id": "tenure-bench-commands",
-                "partitioner": "murmur2_random",
-                "enable.idempotence": True,
-                "acks": "all",
-                "linger.ms": 2,
-            }
-        )
-        warmup = [submit_command(codec, TENANT, f"{tag}-warmup")]
-        publish_all(producer, tracker, warmup)
-        tracker.wait([warmup[0][0]], 120.0, "(b) warm-up", services)
-        # Runs are routed by tenant (services/common/routing.py: a tenant's runs share a
-        # partition), so only several tenants spread the load over partitions and coordinators.
-        names = [TENANT] if tenants == 1 else [f"{TENANT}-{t}" for t in range(tenants)]
-        prepared = [
-            submit_command(codec, names[i % tenants], f"{tag}-lease-{i:07d}") for i in range(run_count)
-        ]
-        say(f"(b) producing {run_count} SubmitRun commands, waiting for their views")
-        started = time.monotonic()
-        publish_all(producer, tracker, prepared)
-        run_ids = [r for r, _ in prepared]
-        tracker.wait(run_ids, max(120.0, run_count / 50), "(b) submit", services)
-        return run_ids, time.monotonic() - started
-    finally:
-        tracker.close()
-
-
 async def lease_phases(
     base_url: str,
     run_ids: list[str],
@@ -697,7 +486,7 @@ async def lease_phases(
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = parse_args(argv, __doc__)
     load, started_at, tag = os.getloadavg(), dt.datetime.now(dt.UTC), uuid.uuid4().hex[:8]
     workdir = Path(tempfile.mkdtemp(prefix="tenure-bench-leases-"))
     broker: BrokerHandle | None = None

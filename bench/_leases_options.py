@@ -1,0 +1,80 @@
+"""The lease benchmark's command line (bench/leases.py): its options, their defaults and the
+checks on their ranges."""
+
+from __future__ import annotations
+
+import argparse
+
+from bench._leases_io import CLIENTS
+from bench._leases_system import LEASE_SECONDS
+
+__all__ = ["parse_args"]
+
+
+def parse_args(argv: list[str] | None, description: str | None) -> argparse.Namespace:
+    """The options of `python -m bench.leases`; `description` is that module's docstring."""
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.leases",
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--runs", type=int, default=2000, help="runs heartbeating in each step (R)")
+    parser.add_argument(
+        "--heartbeat-seconds",
+        default="8,4,2",
+        help="heartbeat interval H of each step, comma-separated whole seconds",
+    )
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds of heartbeats per step (D)")
+    parser.add_argument("--runners", type=int, default=20, help="simulated runners (one HTTP pool each)")
+    parser.add_argument(
+        "--expiry-runs",
+        type=int,
+        default=200,
+        help="2 s leases left to expire, idle and again in each step (K; 0: skip)",
+    )
+    parser.add_argument("--raw-n", type=int, default=20_000, help="records in the raw phase")
+    parser.add_argument(
+        "--client",
+        choices=sorted(CLIENTS),
+        default="aiohttp",
+        help="HTTP client of the simulated runners and claims (httpx costs the bench "
+        "~1-3 ms CPU per request, aiohttp ~0.15 ms: see docs/benchmarks.md)",
+    )
+    parser.add_argument("--concurrency", type=int, default=32, help="claims/reports in flight at once")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=0,
+        help="renew through POST /leases:renew, this many leases a request (1-500; 0: one "
+        "POST /attempts/{id}/heartbeat per lease)",
+    )
+    parser.add_argument(
+        "--tenants",
+        type=int,
+        default=1,
+        help="tenants the runs are spread over (1-64): a tenant's runs share one partition, so "
+        "only several tenants spread the load over partitions and coordinator instances",
+    )
+    parser.add_argument(
+        "--coordinators",
+        type=int,
+        default=1,
+        help="lease coordinator instances in one consumer group (1-4; issue 16's two-instance figures)",
+    )
+    parser.add_argument(
+        "--output",
+        default="docs/benchmarks.md",
+        help="markdown file whose section for this configuration is replaced or added ('-' writes nothing)",
+    )
+    parser.add_argument("--keep-temp", action="store_true", help="keep the temp dir (service logs, stores)")
+    args = parser.parse_args(argv)
+    args.steps = [int(h) for h in args.heartbeat_seconds.split(",") if h.strip()]
+    if not 0 <= args.batch <= 500:
+        parser.error("--batch: 0 to 500 leases a request")
+    if not 1 <= args.coordinators <= 4:
+        parser.error("--coordinators: 1 to 4 instances")
+    if not 1 <= args.tenants <= 64:
+        parser.error("--tenants: 1 to 64")
+    if not args.steps or min(args.steps) < 1 or max(args.steps) * 2 > LEASE_SECONDS:
+        parser.error(f"--heartbeat-seconds: whole seconds from 1 to {LEASE_SECONDS // 2}")
+    return args

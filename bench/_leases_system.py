@@ -1,0 +1,180 @@
+"""The system the lease benchmark drives (bench/leases.py): its services as subprocesses (one or
+more lease coordinator instances in one consumer group, each with its own health port, which says
+the partitions it owns), the runs it submits straight to runs.commands, and a watcher of
+runs.events for expiry stamps and commit markers; plus the tenant and lease length its phases use."""
+
+from __future__ import annotations
+
+import bisect
+import re
+import threading
+import time
+from pathlib import Path
+
+import httpx
+from confluent_kafka import Producer
+
+from bench.foundation import Service, ViewTracker, publish_all, say, service_env, spawn, submit_command
+from services.common.broker import free_port
+from services.common.kafka import TopicFollower
+from services.common.messages import MessageCodec
+from services.common.topics import RUNS_EVENTS
+from services.projections.service import views_path
+
+__all__ = [
+    "COORDINATOR_HEALTH_PORTS",
+    "DECISION_TIMEOUT_S",
+    "LEASE_EXPIRED",
+    "LEASE_SECONDS",
+    "TENANT",
+    "EventWatch",
+    "coordinator_partitions",
+    "start_services",
+    "submit_runs",
+]
+
+TENANT = "bench"
+LEASE_SECONDS = 90  # renewal runs: long enough that no lease of a step goes at risk (45 s) or expires
+DECISION_TIMEOUT_S = 10
+LEASE_EXPIRED = b"tenure.runs.events.LeaseExpired"
+
+
+# --- following runs.events: expiry stamps and commit markers ----------------------------------
+
+
+class EventWatch:
+    """Follows runs.events (read_committed) in a thread: when each LeaseExpired became readable,
+    and the offsets of every event, so the commit markers of a time window can be counted."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self._follower = TopicFollower(bootstrap, [RUNS_EVENTS.name], "end", client_id="tenure-bench-watch")
+        self.expired_seen_ms: dict[str, int] = {}
+        self._offsets: dict[int, list[int]] = {}
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="event-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                for r in self._follower.poll(max_records=5000, timeout_s=0.05):
+                    self._offsets.setdefault(r.partition, []).append(r.offset)
+                    if next((v for k, v in r.headers if k == "tenure-schema"), b"") == LEASE_EXPIRED:
+                        run_id = r.key.decode() if r.key else ""
+                        self.expired_seen_ms.setdefault(run_id, time.time_ns() // 1_000_000)
+        except BaseException as exc:  # reported by check(): a dead watcher would make figures wrong
+            self._error = exc
+
+    def check(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"runs.events watcher failed: {self._error!r}") from self._error
+
+    def markers(self, start: dict[int, int], end: dict[int, int]) -> tuple[int, int]:
+        """(events, non-event offsets) between two end-offset snapshots: the latter are the
+        transaction markers, one per partition a transaction wrote to."""
+        time.sleep(0.5)  # let the watcher read up to `end`; the range is fixed, later records don't count
+        self.check()
+        events = 0
+        for partition, stop in end.items():
+            seen = self._offsets.get(partition, [])
+            events += bisect.bisect_left(seen, stop) - bisect.bisect_left(seen, start.get(partition, 0))
+        return events, sum(end.values()) - sum(start.values()) - events
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10.0)
+        self._follower.close()
+
+
+# --- the services, one or more coordinator instances, and the runs they serve -----------------
+
+
+# Each coordinator's health port, to say which partitions each owned during a step.
+COORDINATOR_HEALTH_PORTS: dict[str, int] = {}
+
+
+def coordinator_partitions() -> str:
+    """How many command partitions each coordinator owns now (its tenure_stream_assigned_partitions)."""
+    owned = []
+    for name, port in COORDINATOR_HEALTH_PORTS.items():
+        try:
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=3.0).text
+            found = re.search(r"^tenure_stream_assigned_partitions\{[^}]*\} (\S+)$", text, re.M)
+            owned.append(f"{name} {int(float(found.group(1))) if found else '?'}")
+        except httpx.HTTPError as exc:
+            owned.append(f"{name} ? ({type(exc).__name__})")
+    return ", ".join(owned)
+
+
+def start_services(
+    bootstrap: str, workdir: Path, tag: str, coordinators: int = 1
+) -> tuple[list[Service], int]:
+    """As bench.foundation's, plus the decision timeout the lease API is run with; with
+    `coordinators` > 1, that many lease coordinators in one consumer group (issue 16), each with
+    its own instance id, state folder and health port, listed after the API."""
+    port, views_dir = free_port(), workdir / "views"
+    api_env = service_env(
+        bootstrap, views_dir, TENURE_API_PORT=str(port), TENURE_DECISION_TIMEOUT_S=str(DECISION_TIMEOUT_S)
+    )
+
+    def coordinator(index: int) -> Service:
+        name = "lease_coordinator" if index == 0 else f"lease_coordinator-{index}"
+        state = workdir / ("coordinator" if index == 0 else f"coordinator-{index}")
+        COORDINATOR_HEALTH_PORTS[name] = port = free_port()
+        env = service_env(
+            bootstrap,
+            state,
+            TENURE_INSTANCE_ID=f"bench-{tag}" if coordinators == 1 else f"bench-{tag}-{index}",
+            TENURE_COORDINATOR_HEALTH_PORT=str(port),
+        )
+        return spawn(name, "services.lease_coordinator", state, env)
+
+    services = [
+        coordinator(0),
+        spawn("projections", "services.projections", views_dir, service_env(bootstrap, views_dir)),
+        spawn("command_api", "services.command_api", workdir / "api", api_env),
+    ]
+    services += [coordinator(i) for i in range(1, coordinators)]
+    return services, port
+
+
+def submit_runs(
+    bootstrap: str, workdir: Path, run_count: int, tag: str, services: list[Service], tenants: int = 1
+) -> tuple[list[str], float]:
+    path, deadline = views_path(workdir / "views"), time.monotonic() + 60
+    while not (path / "CURRENT").exists():  # the projector creates the views store
+        services[1].check_alive()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the projector did not create {path} within 60s")
+        time.sleep(0.1)
+    tracker = ViewTracker(bootstrap, path, workdir / "tracker")
+    try:
+        codec = MessageCodec()
+        producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "client.id": "tenure-bench-commands",
+                "partitioner": "murmur2_random",
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 2,
+            }
+        )
+        warmup = [submit_command(codec, TENANT, f"{tag}-warmup")]
+        publish_all(producer, tracker, warmup)
+        tracker.wait([warmup[0][0]], 120.0, "(b) warm-up", services)
+        # Runs are routed by tenant (services/common/routing.py: a tenant's runs share a
+        # partition), so only several tenants spread the load over partitions and coordinators.
+        names = [TENANT] if tenants == 1 else [f"{TENANT}-{t}" for t in range(tenants)]
+        prepared = [
+            submit_command(codec, names[i % tenants], f"{tag}-lease-{i:07d}") for i in range(run_count)
+        ]
+        say(f"(b) producing {run_count} SubmitRun commands, waiting for their views")
+        started = time.monotonic()
+        publish_all(producer, tracker, prepared)
+        run_ids = [r for r, _ in prepared]
+        tracker.wait(run_ids, max(120.0, run_count / 50), "(b) submit", services)
+        return run_ids, time.monotonic() - started
+    finally:
+        tracker.close()
