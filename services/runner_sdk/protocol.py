@@ -408,7 +408,7 @@ class ClientCore:
         )
 
     def renewal_results(self, call: Call, answer: Mapping[str, Any]) -> list[BatchRenewalResult]:
-        return batch_results(answer, call.chunk, self.renewal)
+        return batch_results(answer, call.chunk, self.renewal, self.interventions.notice)
 
     def effect_result(self, answer: Mapping[str, Any]) -> EffectResult:
         return EffectResult(

@@ -7,6 +7,12 @@ be, so one lease's refusal (a stale or unknown epoch, another holder) says nothi
 others: `result.ok` is the lease renewed (or the sequence already used, `replayed`), and
 `result.error` is what the single heartbeat would have raised (LeaseConflict for a 409,
 RequestRejected for another 4xx, TenureUnavailable when that item's outcome is unknown).
+
+A `replayed` item (a retried batch) is read exactly as an accepted one: the API answers it with
+the lease and the run as they stand now, so `result.answer` carries the lease's expiry
+(LEASE-1), a stop requested since (EXE-7/EXE-10) and the intervention in force (WD-5, handed to
+`on_intervention` as for any answer), with `answer.replayed` set. An older API answered a replay
+with its ids and serverTime only; such an item is "no news": `answer` is None, nothing raised.
 """
 
 from __future__ import annotations
@@ -36,7 +42,8 @@ _STATUSES: frozenset[str] = frozenset({"accepted", "replayed", "refused", "pendi
 
 @dataclass(frozen=True)
 class BatchRenewalResult:
-    """One lease's part of a batch renewal: `answer` when accepted, `error` when not renewed."""
+    """One lease's part of a batch renewal: `answer` when accepted or replayed (None for the
+    replay of an older API, which said nothing of the lease), `error` when not renewed."""
 
     attempt_id: str
     status: RenewalStatus
@@ -57,20 +64,52 @@ def batch_results(
     answer: Mapping[str, Any],
     sent: Sequence[tuple[Lease, int]],
     accepted: Callable[[Mapping[str, Any]], RenewalAnswer],
+    notice: Callable[[Mapping[str, Any]], object],
 ) -> list[BatchRenewalResult]:
-    """The API's per-item results, checked against what was sent (same leases, same order)."""
+    """The API's per-item results, checked against what was sent (same leases, same order).
+
+    `accepted` reads an item as the single heartbeat's answer (delivering its intervention);
+    `notice` delivers the intervention of a replayed item that says nothing of the lease."""
     items = answer.get("results")
     if not isinstance(items, list) or len(items) != len(sent):
         raise UnexpectedResponse(f"batch renewal: expected {len(sent)} results, got {answer!r:.200}")
     results: list[BatchRenewalResult] = []
-    for item, (lease, _) in zip(items, sent, strict=True):
+    for item, (lease, sequence) in zip(items, sent, strict=True):
         if not isinstance(item, dict) or item.get("attemptId") != lease.attempt_id:
             raise UnexpectedResponse(f"batch renewal: result {item!r:.200} is not for {lease.attempt_id}")
         status = item.get("status")
         if status not in _STATUSES:
             raise UnexpectedResponse(f"batch renewal: unknown status {status!r:.50}")
-        results.append(_result(lease.attempt_id, status, item, accepted))
+        if status == "replayed":
+            results.append(_replayed(lease, sequence, item, accepted, notice))
+        else:
+            results.append(_result(lease.attempt_id, status, item, accepted))
     return results
+
+
+# What an accepted item always carries and an older API's replayed item did not: without them
+# there is no lease to report, so the replay is "no news" rather than a malformed answer.
+_LEASE_FIELDS = ("expiresAt", "serverTime", "certainty", "runStatus")
+
+
+def _replayed(
+    lease: Lease,
+    sequence: int,
+    item: Mapping[str, Any],
+    accepted: Callable[[Mapping[str, Any]], RenewalAnswer],
+    notice: Callable[[Mapping[str, Any]], object],
+) -> BatchRenewalResult:
+    """A repeated sequence, read as an accepted renewal when the item says how the lease stands
+    (this API: LEASE-1 expiry, EXE-7/EXE-10 stop flags, WD-5 intervention), else no news."""
+    server_time = item.get("serverTime") if isinstance(item.get("serverTime"), int) else None
+    if any(item.get(name) is None for name in _LEASE_FIELDS):
+        # WD-5: an intervention is still handed on (this API leaves expiresAt null for a run its
+        # instance has not folded yet, while the watchdog's is known); the inbox delivers once.
+        notice(item)
+        return BatchRenewalResult(lease.attempt_id, "replayed", server_time=server_time)
+    # The ids are echoes of what was sent; an API that left them out still means these.
+    echoed = {"epoch": lease.epoch, "sequence": sequence, **item, "replayed": True}
+    return BatchRenewalResult(lease.attempt_id, "replayed", answer=accepted(echoed), server_time=server_time)
 
 
 def _result(
@@ -82,8 +121,6 @@ def _result(
     server_time = item.get("serverTime") if isinstance(item.get("serverTime"), int) else None
     if status == "accepted":
         return BatchRenewalResult(attempt_id, status, answer=accepted(item), server_time=server_time)
-    if status == "replayed":
-        return BatchRenewalResult(attempt_id, status, server_time=server_time)
     if status == "pending":
         pending = TenureUnavailable("heartbeat", "accepted, outcome still pending", 202)
         return BatchRenewalResult(attempt_id, status, error=pending)

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from services.runner_sdk import Intervention, Lease, TenureClient
 from tests.support.api_harness import api_client
 from tests.support.openapi_client import Answer, OpenApiClient
 
@@ -155,3 +156,37 @@ def test_a_repeated_claim_next_answers_waited_ms_the_first_one_waited(
     assert repeat["attemptId"] == first["attemptId"], "the same grant, not a second claim"
     assert set(repeat) == set(first), "a repeat answers every field of the first grant"
     assert isinstance(first["waitedMs"], int) and repeat["waitedMs"] == first["waitedMs"] >= 0
+
+
+def test_the_runner_sdk_reads_a_retried_batch_as_an_accepted_one_EXE_7_WD_5_LEASE_1(
+    api: tuple[TestClient, OpenApiClient],
+) -> None:
+    """The runner SDK's renew_leases over this app: a retried batch tells the runner of the stop
+    requested since (EXE-7), of the intervention in force (WD-5, on_intervention) and of its
+    lease's expiry as it stands (LEASE-1), as the first answer would have."""
+    client, tenure = api
+    cancel_id, to_cancel = _claimed(tenure, "sdk-cancel")
+    loop_id, looping = _claimed(tenure, "sdk-loop")
+    seen: list[Intervention] = []
+    leases = [_sdk_lease(tenure, cancel_id, to_cancel), _sdk_lease(tenure, loop_id, looping)]
+    # The app in-process: the TestClient's own transport, so the SDK's requests reach it.
+    transport = client._transport
+    with TenureClient(
+        str(client.base_url), "http://gateway.test", RITA, transport=transport, on_intervention=seen.append
+    ) as sdk:
+        first = sdk.renew_leases([(x, 1) for x in leases])
+        assert [r.status for r in first] == ["accepted", "accepted"]
+        _ok(tenure.cancel_run(run_id=cancel_id, body={"reason": "changed plans"}, auth=RITA))
+        _loop_into_an_interrupt(client, loop_id, looping)
+        cancelled, looped = sdk.renew_leases([(x, 1) for x in leases])
+    assert (cancelled.status, looped.status) == ("replayed", "replayed")
+    assert cancelled.answer is not None and cancelled.answer.replayed
+    assert cancelled.answer.stop_requested and cancelled.answer.stop_kind == "cancel"
+    lease_now = _ok(tenure.lease_record(run_id=cancel_id, auth=RITA))["lease"]
+    assert cancelled.answer.expires_at == lease_now["expiresAt"]
+    assert looped.answer is not None and looped.answer.watchdog is not None
+    assert [x.code for x in seen] == ["STATE_OSCILLATION_DETECTED"]
+
+
+def _sdk_lease(api: OpenApiClient, run_id: str, lease: dict[str, Any]) -> Lease:
+    return Lease(run_id, lease["attemptId"], 1, "", lease["leaseEpoch"], 0, 90, 20, 0, {})
