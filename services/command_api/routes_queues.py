@@ -24,17 +24,27 @@ Runners stop listing runs and racing each other for them: the API picks.
   request waits up to that long (bounded by the request's deadline, TENURE_DECISION_TIMEOUT_S)
   for a claimable run to appear before answering 204.
 * **Idempotency**: with an `Idempotency-Key`, each claim's command id is derived from the run,
-  the key and the caller, and the instance remembers which run the key claimed (the last
-  REMEMBERED_KEYS keys): a repeat (a runner whose 201 was lost) answers the same grant, 201,
-  instead of claiming a second run and leaving the first lease to expire. The repeat carries
-  every field of the first answer; its `waitedMs` is the FIRST request's wait, remembered with
-  the key (the repeat itself waited for nothing, and its claim was sent by that first request):
-  added to the time of the first send under the key, as the runner SDK counts, it is still when
-  the granted claim was sent, so never past the grant (LEASE-4, LEASE-5). A caller that counts
-  from the repeat's own send time overestimates its lease whatever the value (the grant was
-  made before the repeat was sent), so it must count from its first send. The memory is per API
-  instance; a repeat that reaches another instance claims anew (the first lease then expires
-  unrenewed, LEASE-5, and the run is requeued or failed as its retry policy says).
+  the key and the caller, so a repeat (a runner whose 201 was lost) answers the same grant, 201,
+  on ANY instance, instead of claiming a second run and leaving the first lease to expire
+  (issue 16). The instance that made the grant remembers which run the key claimed (the last
+  REMEMBERED_KEYS keys): its fast path. Any other instance finds the grant in the log: it first
+  folds runs.events up to where it ends now (the read barrier of every view read, so a grant
+  another instance saw decided is folded), then, among the runs whose lease the caller holds
+  now (the views' held/ index: a few runs, never the store), the one whose claim's command id
+  is the one this key derives for that run (the causation id of its AttemptClaimed). Only then
+  does it claim anew; a barrier that cannot be met is a 503, never a second claim. The key is
+  the caller's: another principal's same key derives other command ids, so it never answers
+  this caller's grant. The repeat carries every field of the first answer. Its `waitedMs` is
+  the FIRST request's wait where that is remembered (the repeat itself waited for nothing, and
+  its claim was sent by that first request): added to the time of the first send under the key,
+  as the runner SDK counts, it is still when the granted claim was sent, so never past the grant
+  (LEASE-4, LEASE-5). Another instance does not know that wait and answers 0: first send + 0 is
+  still before the claim was sent, so the runner can only believe its lease ends earlier than it
+  does, never later (safe; it may renew early). A caller that counts from the repeat's own send
+  time overestimates its lease whatever the value (the grant was made before the repeat was
+  sent), so it must count from its first send. A lease no longer held (it expired before the
+  repeat) is only found by the instance that remembers the key (it answers the old grant, whose
+  renewals are refused, LEASE-5); elsewhere the repeat claims anew.
 * **Scan bound**: at most MAX_SCANNED queued runs (oldest first) are considered per look.
 """
 
@@ -81,6 +91,11 @@ _PAGE = 200
 _POLL_S = 0.2
 # What the answer needs after the last look: the claim itself, and a moment to write it.
 _CLAIM_MARGIN_S = 1.0
+
+
+def _keyed_cause(who: str, key: str) -> str:
+    """What a keyed claim's command id is derived from (with the run): the caller and its key."""
+    return f"queue:{who}:{key}"
 
 
 class QueueClaimRequest(ClaimRequest):
@@ -150,12 +165,33 @@ def queues_router(ctx: ApiContext) -> APIRouter:
     # least recently used first
     keyed: OrderedDict[tuple[str, str], tuple[str, str, int]] = OrderedDict()
 
+    def remember(who: str, key: str, run_id: str, command_id: str, waited_ms: int) -> None:
+        keyed[(who, key)] = (run_id, command_id, waited_ms)
+        keyed.move_to_end((who, key))
+        while len(keyed) > REMEMBERED_KEYS:
+            keyed.popitem(last=False)
+
     async def replayed(who: str, key: str) -> Any:
-        """The grant an earlier claim-next under this key made, if this instance made it."""
+        """The grant an earlier claim-next under this key made, if this instance remembers it."""
         found = keyed.get((who, key))
         if found is None:
             return None
-        run_id, command_id, waited_ms = found
+        return await answered(*found)
+
+    async def granted_on_log(who: str, key: str) -> Any:
+        """The grant a claim-next under this key made on any instance, found in the log (after
+        the read barrier) among the runs whose lease `who` holds now; None: there is none."""
+        held = await ctx.in_thread("the run views", ctx.deps.views.held_by, who)
+        for run_id, claimed_by in held.items():
+            command_id = command_id_for(run_id, "ClaimRun", _keyed_cause(who, key))
+            if claimed_by != command_id:
+                continue
+            # 0: the first request's wait is not known here; see the module doc (Idempotency).
+            remember(who, key, run_id, command_id, 0)
+            return await answered(run_id, command_id, 0)
+        return None
+
+    async def answered(run_id: str, command_id: str, waited_ms: int) -> Any:
         view = await ctx.view(run_id)
         entry = next((e for e in (view or {}).get("history", []) if e.get("causationId") == command_id), None)
         if view is None or entry is None:
@@ -164,7 +200,7 @@ def queues_router(ctx: ApiContext) -> APIRouter:
             **_replayed_grant(dict(entry), view),
             "queue": queue_of(view),
             "tenant": view["tenant"],
-            "waitedMs": waited_ms,  # the first request's: see the module doc (Idempotency)
+            "waitedMs": waited_ms,  # the first request's, or 0: see the module doc (Idempotency)
         }
         return JSONResponse(grant, status_code=201, headers={"Location": f"/runs/{run_id}"})
 
@@ -199,13 +235,10 @@ def queues_router(ctx: ApiContext) -> APIRouter:
         run_id = view["runId"]
         # Derived, so that the same request sent again is the same command (the coordinator
         # answers a repeated command id with its first decision).
-        cause = f"queue:{who}:{key}" if key else f"queue:{body.runnerId}:{view['version']}"
+        cause = _keyed_cause(who, key) if key else f"queue:{body.runnerId}:{view['version']}"
         command_id = command_id_for(run_id, "ClaimRun", cause)
         if key:
-            keyed[(who, key)] = (run_id, command_id, waited_ms)
-            keyed.move_to_end((who, key))
-            while len(keyed) > REMEMBERED_KEYS:
-                keyed.popitem(last=False)
+            remember(who, key, run_id, command_id, waited_ms)
         command = ClaimRun(
             command_id=command_id,
             run_id=run_id,
@@ -236,8 +269,9 @@ def queues_router(ctx: ApiContext) -> APIRouter:
         queue: str = Path(description="executionSpec.queue, else the run's queue label, else 'default'."),
         idempotency_key: str | None = Header(default=None, alias="Idempotency-Key", max_length=200),
     ) -> Any:
-        """A repeat under the same Idempotency-Key answers the grant it made (on this instance),
-        with the same fields; its `waitedMs` is the first request's wait (the module doc says why)."""
+        """A repeat under the same Idempotency-Key answers the grant it made, on any instance, with
+        the same fields; its `waitedMs` is the first request's wait, or 0 on an instance that does
+        not remember it (the module doc says why)."""
         who = ctx.principal(request)
         # The roles that may claim a run by id (POST /runs/{runId}/attempts) may claim the next one.
         require_role(who, "claiming a run", Role.SUBMITTER, Role.RUNNER, Role.OPERATOR)
@@ -246,7 +280,10 @@ def queues_router(ctx: ApiContext) -> APIRouter:
                 "validation-failed", f"queue {queue[:80]!r} must match {QUEUE_PATTERN}", queue=queue[:80]
             )
         if idempotency_key:
+            # This instance's memory first; else the log, caught up with every instance's writes.
             earlier = await replayed(who.name, idempotency_key)
+            if earlier is None:
+                earlier = await granted_on_log(who.name, idempotency_key)
             if earlier is not None:
                 return earlier
         capabilities = frozenset(body.capabilities)

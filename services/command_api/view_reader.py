@@ -185,6 +185,12 @@ class ViewReader:
         self._barrier(RUNS_EVENTS.name)
         return self._runs().list(status, limit, cursor)
 
+    def held_by(self, principal: str) -> dict[str, str]:
+        """{run id: claiming command id} of the runs whose lease `principal` holds, with everything
+        on the log as of now folded (a keyed claim-next repeat: a grant another instance made)."""
+        self._barrier(RUNS_EVENTS.name)
+        return self._runs().held_by(principal)
+
     def trajectory(self, run_id: str) -> dict[str, Any] | None:
         return self._given_current(
             TRAJECTORIES_EVENTS.name, lambda: self._trajectory_store().get(run_id), run_id

@@ -4,6 +4,9 @@ Layout (one RocksDB): view/<runId> (the view as served, history included); brief
 few fields heartbeats read); fold/<runId> (the RunState and the rest of the fold the next event
 is applied to, all but the history, which is read back from the view);
 idx/<status>/<submittedAt>/<runId> and idx/*/... for listing in submission order;
+held/<principal, %-quoted>/<runId> = the command id that claimed the lease the principal holds on
+the run now ("" for a takeover's lease), while that lease is held: a keyed claim-next repeat on
+any API instance finds the grant it made among a caller's few held runs, never the whole store;
 offset/<topic>/<partition> = next offset to read; meta/run-views-layout. Views, folds, index
 entries and offsets of a batch change in one atomic write, so the views always equal the fold of
 exactly the events before the stored offsets.
@@ -19,8 +22,9 @@ import base64
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
+from urllib.parse import quote
 
-from services.common.contracts import EVENT_TYPES
+from services.common.contracts import EVENT_TYPES, AttemptClaimed
 from services.common.kafka import InboundRecord
 from services.common.messages import MessageCodec, UndecodableRecord
 from services.common.store import KeyValueStore
@@ -41,7 +45,8 @@ _ALL = "*"
 _LAYOUT_KEY = "meta/run-views-layout"
 # 2: each view is rendered from a stored fold of the Run aggregate's state (fold/<runId>).
 # 3: the fold's state carries agentRevisionId (EXE-14); a layout-2 store refolds to show it.
-_LAYOUT = b"3"
+# 4: held/<principal>/<runId> indexes the leases held now (a keyed claim-next repeat's lookup).
+_LAYOUT = b"4"
 # The folds this store wrote last are kept decoded, up to this many history entries in all, so
 # that a run's next event does not decode its whole view again (a heartbeat is the common case).
 _RECENT_HISTORY_ENTRIES = 50_000
@@ -59,6 +64,21 @@ class Page:
 
 def _index_key(status: str, fold: RunFold) -> str:
     return f"idx/{status}/{fold.state.submitted_at:013d}/{fold.state.run_id}"
+
+
+def _held_prefix(principal: str) -> str:
+    # Quoted, so that no principal's prefix is another's ("a" and "a/b").
+    return f"held/{quote(principal, safe='')}/"
+
+
+def _held(fold: RunFold | None) -> tuple[str, int] | None:
+    """The held/ key of the lease the run's holder holds now, and that lease's epoch; None: none held."""
+    lease = fold.state.lease if fold is not None else None
+    if fold is None or lease is None or not lease.held or not fold.leases:
+        return None
+    mark = fold.leases[-1]
+    assert mark.epoch == lease.epoch, (mark, lease)
+    return f"{_held_prefix(mark.holder_principal)}{fold.state.run_id}", lease.epoch
 
 
 def _brief(view: dict[str, Any]) -> dict[str, Any]:
@@ -124,7 +144,7 @@ class RunViewStore:
         return next(self._store.scan("view/"), None) is not None
 
     def _outdated_keys(self) -> list[str]:
-        prefixes = ("view/", "brief/", "fold/", "idx/", f"offset/{RUNS_EVENTS.name}/")
+        prefixes = ("view/", "brief/", "fold/", "idx/", "held/", f"offset/{RUNS_EVENTS.name}/")
         return [key for prefix in prefixes for key, _ in self._store.scan(prefix)]
 
     def list(self, status: str | None, limit: int, cursor: str | None) -> Page:
@@ -151,6 +171,12 @@ class RunViewStore:
         more = last_key is not None and next(self._store.scan(prefix, start_after=last_key), None)
         next_cursor = base64.urlsafe_b64encode(last_key.encode()).decode() if more and last_key else None
         return Page(items, next_cursor)
+
+    def held_by(self, principal: str) -> dict[str, str]:
+        """{run id: the command id that claimed it} of the runs whose lease `principal` holds now
+        ("" for a lease a takeover gave it)."""
+        prefix = _held_prefix(principal)
+        return {key[len(prefix) :]: value.decode() for key, value in self._store.scan(prefix)}
 
     def refresh(self) -> None:
         self._store.refresh()
@@ -197,6 +223,14 @@ class RunViewStore:
                     deletes.append(_index_key(before_status, after))
                     puts.pop(_index_key(before_status, after), None)
                 puts[_index_key(status, after)] = b""
+            held_before, held_after = _held(before), _held(after)
+            if held_before != held_after:
+                if held_before is not None:
+                    deletes.append(held_before[0])
+                    puts.pop(held_before[0], None)
+                if held_after is not None:
+                    claimed_by = event.causation_id if isinstance(event, AttemptClaimed) else ""
+                    puts[held_after[0]] = claimed_by.encode()
         written: dict[str, tuple[bytes, RunFold]] = {}
         for run_id, fold in folds.items():
             view = render_run(fold)

@@ -7,7 +7,8 @@ always sees its own writes: run views, leases and trajectory views (read-your-wr
 instances, EXE-4 / LEASE-2 / SAGA-1 views). Neither API has the projector's store open: each
 folds the logs into `<state_dir>/api-<instance_id>/views` itself. The second test starts an API
 with an empty state folder and no projector at all and checks it serves the same views once
-ready, and again after a restart from its own checkpoint.
+ready, and again after a restart from its own checkpoint. The third: a keyed claim-next repeat
+that reaches the other instance answers the same grant (LEASE-1, LEASE-5).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import pytest
 
 from services.runner_sdk import Lease, TenureClient, TrajectoryClient
 from tests.support.api_instances import ApiInstance, open_paths_of, wait_until_ready
-from tests.support.saga_system import RUNNER_KEY, SagaSystem
+from tests.support.saga_system import OPERATOR_KEY, RUNNER_KEY, SagaSystem
 from tests.support.system import ServiceProcess, service_env
 from tests.support.tenure import free_port, submit
 
@@ -123,6 +124,58 @@ def test_a_client_alternating_between_two_api_instances_always_sees_its_own_writ
         assert not foreign, f"{api.name} has the projector's store open: {foreign}"
     assert (api_b.views_path / "CURRENT").exists()
     assert (Path(api_b.env["TENURE_STATE_DIR"]) / "api-0" / "views" / "CURRENT").exists()
+
+
+def test_a_keyed_claim_next_repeat_on_the_other_instance_answers_the_same_grant_LEASE_1_LEASE_5(
+    two_apis: tuple[SagaSystem, ApiInstance],
+) -> None:
+    """A runner whose 201 from A was lost sends again and reaches B: B finds the grant in the log
+    (after its read barrier) and answers it, claiming nothing more; waitedMs is 0 there (A's wait
+    is unknown to B, and 0 can only shorten the lease the runner counts, LEASE-4). Another
+    principal's same key is not that grant."""
+    system, api_b = two_apis
+    queue = f"anywhere-{uuid.uuid4().hex[:12]}"
+    with (
+        httpx.Client(
+            base_url=system.base, timeout=30, headers={"Authorization": f"Bearer {RUNNER_KEY}"}
+        ) as a,
+        api_b.client(RUNNER_KEY) as b,
+        api_b.client(OPERATOR_KEY) as b_operator,
+    ):
+        runs = [
+            _ok(
+                a.post(
+                    "/runs",
+                    headers={"Idempotency-Key": f"{queue}-{i}"},
+                    json={"tenant": "acme", "executionSpec": {"queue": queue}, "timeoutSeconds": 600},
+                ),
+                201,
+            )["runId"]
+            for i in range(2)
+        ]
+        claim = {"runnerId": "runner-any", "leaseSeconds": 120, "heartbeatSeconds": 60}
+        keyed = {"Idempotency-Key": f"{queue}-lost-201"}
+        first = _ok(a.post(f"/queues/{queue}/claim", headers=keyed, json=claim), 201)
+        again = _ok(b.post(f"/queues/{queue}/claim", headers=keyed, json=claim), 201)
+        assert (again["runId"], again["attemptId"], again["epoch"]) == (
+            first["runId"],
+            first["attemptId"],
+            first["epoch"],
+        )
+        assert first["runId"] == runs[0] and again["waitedMs"] == 0
+        assert {k: v for k, v in again.items() if k != "waitedMs"} == {
+            k: v for k, v in first.items() if k != "waitedMs"
+        }
+        # No second run was claimed: the other one is still queued, and goes to another caller.
+        assert _ok(b.get(f"/runs/{runs[1]}"))["status"] == "queued"
+        theirs = _ok(b_operator.post(f"/queues/{queue}/claim", headers=keyed, json=claim), 201)
+        assert theirs["runId"] == runs[1]
+        assert (
+            b.post(
+                f"/queues/{queue}/claim", headers={"Idempotency-Key": f"{queue}-new"}, json=claim
+            ).status_code
+            == 204
+        )
 
 
 def test_an_api_with_an_empty_state_folder_and_no_projector_serves_the_views_once_caught_up(
