@@ -260,7 +260,7 @@ class ApiProjection:
         follower = TopicFollower(self._bootstrap, [topic], start_at=start_at, client_id=self._client_id)
         try:
             if self._targets[topic] is None:  # where the log ended when this instance started
-                self._targets[topic] = self._query_ends(topic)  # the barrier's client, not a new one
+                self._targets[topic] = follower.end_offsets(topic)
             while not self._stop.is_set():
                 records = follower.poll(max_records=2000, timeout_s=self._POLL_S)
                 if records:

@@ -231,6 +231,7 @@ def test_the_generated_client_drives_a_saga_and_its_watchdog(saga_system: SagaSy
     grant = runner.claim(
         run_id=run_id, body={"runnerId": "runner-1", "leaseSeconds": 120, "heartbeatSeconds": 60}
     )
+    assert grant.status == 201, (grant.status, grant.body)
     lease = {"attemptId": grant.body["attemptId"], "leaseEpoch": grant.body["epoch"]}
     started = runner.start_trajectory(
         run_id=run_id, body={**lease, "budget": {"tokens": 50_000, "steps": 10}}

@@ -159,8 +159,7 @@ class CommittedEnds:
     """Where each partition of a topic ends for a read_committed reader (its last stable offset),
     in one ListOffsets request per partition leader.
 
-    TopicFollower.end_offsets (the start-up catch-up targets) asks it too. A read barrier asks
-    this before every read, so it must be cheap: the partition list is
+    A read barrier asks this before every read, so it must be cheap: the partition list is
     cached (partitions are added rarely, and a stale list only misses a brand-new partition for
     `_PARTITIONS_TTL_S`), and the offsets of all partitions travel in one request instead of a
     watermark query each (about 0.5 ms against 5.5 ms for six partitions on one broker)."""

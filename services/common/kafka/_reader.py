@@ -13,7 +13,6 @@ from typing import Any, Iterator, Literal, Mapping
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
 
-from services.common.kafka._admin import CommittedEnds
 from services.common.kafka._config import base_config, normalise_headers
 from services.common.kafka._errors import AuthenticationWatch
 from services.common.kafka._records import InboundRecord
@@ -171,7 +170,6 @@ class TopicFollower:
     ) -> None:
         watch = AuthenticationWatch(bootstrap_servers)
         self._consumer = _consumer(bootstrap_servers, client_id, eof=False, watch=watch)
-        self._bootstrap_servers = bootstrap_servers
         self.client_id = client_id
         self._lags: dict[tuple[str, int], int] = {}
         self._lags_at = 0.0
@@ -230,14 +228,12 @@ class TopicFollower:
         return records
 
     def end_offsets(self, topic: str) -> dict[int, int]:
-        """{partition: offset after the last committed record} right now: the last stable offset,
-        the end this read_committed follower can reach (a catch-up target past an open
-        transaction would not be reached until it ends).
-
-        The one implementation of "where a log ends" (CommittedEnds, as the API's read barrier
-        asks): one ListOffsets request at read_committed. Its admin client is opened for the call
-        and dropped: followers ask once, at start-up, and should not hold an idle client."""
-        return CommittedEnds(self._bootstrap_servers).ends(topic)
+        """{partition: offset of the next record to be written} right now."""
+        metadata = self._consumer.list_topics(topic, timeout=10.0).topics[topic]
+        return {
+            p: self._consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10.0)[1]
+            for p in metadata.partitions
+        }
 
     def positions(self, topic: str) -> dict[int, int]:
         """{partition: next offset this follower will return} (negative when not yet known)."""
