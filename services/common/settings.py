@@ -275,14 +275,15 @@ class TenureSettings(KafkaSettings):
         le=1000,
         description="A numeric TENURE_INSTANCE_ID n serves health on its port + n * stride (0 = same port).",
     )
-    # On by default (issue 16): an owner the group evicted cannot commit. The stall this once had
-    # after a broker restart (librdkafka ignoring the offset send's timeout) is bounded by the
-    # writer itself (services/common/kafka/_transactional.py, WriterStalled).
+    # Off for a lone instance, on for several (issue 16): `tenure up --instances N` (N > 1) and the
+    # compose file turn it on unless the operator set it. One instance needs no generation check
+    # (each incarnation re-takes the same transactional id, fencing the last one), and the check
+    # measured about half the durable-step throughput (docs/benchmarks.md, durable steps).
     group_fence: bool = Field(
-        default=True,
+        default=False,
         description="Commit each batch's command offsets in its transaction under the group generation "
-        "(KIP-447), so an owner the group evicted cannot commit (docs/architecture.md, the generation "
-        "fence).",
+        "(KIP-447), so an owner the group evicted cannot commit; needed with several instances of a "
+        "processor (docs/architecture.md, the generation fence).",
     )
 
     # --- the artifact object store (EXE-15; services/common/objectstore): filesystem or S3 ---

@@ -437,6 +437,10 @@ def up(args: argparse.Namespace) -> int:
             check, child_env = checks[plan.service], env
             if plan.instance_id is not None:
                 child_env = {**env, "TENURE_INSTANCE_ID": plan.instance_id}
+                if "group_fence" not in settings.model_fields_set:
+                    # Several instances of one processor: partitions move between them, so an
+                    # evicted one must not commit (the generation fence, issue 16).
+                    child_env["TENURE_GROUP_FENCE"] = "true"
                 url = f"http://{host}:{plan.health_port}" if plan.health_port else None
                 check = ReadinessCheck(url, check.optional_endpoint, check.files)
             services.append(_Service(plan.name, plan.module, check, child_env))

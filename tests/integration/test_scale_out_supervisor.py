@@ -78,6 +78,18 @@ def test_up_with_two_coordinator_instances_splits_the_partitions_between_them(tm
 
             parts = wait_until(split, 60, "both coordinators to own partitions", poll_s=0.3)
             assert sorted(p for part in parts for p in part) == [0, 1, 2, 3], parts
+            # Several instances: tenure up turns the generation fence on for them (issue 16),
+            # and only for them (the lone projector, API... keep the default).
+            fenced = {}
+            for pid in children:
+                environ = dict(
+                    item.split("=", 1)
+                    for item in Path(f"/proc/{pid}/environ").read_text(errors="replace").split("\0")
+                    if "=" in item
+                )
+                if "TENURE_INSTANCE_ID" in environ:
+                    fenced[environ["TENURE_INSTANCE_ID"]] = environ.get("TENURE_GROUP_FENCE")
+            assert fenced == {"0": "true", "1": "true"}, fenced
             print(f"tenure up --instances coordinator=2: {parts}")
             up.send_signal(signal.SIGTERM)
             assert up.wait(60) == 0, output()[-4000:]

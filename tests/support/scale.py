@@ -64,7 +64,7 @@ class ProcessorFleet:
         self._port_variable = health_port_variable
         # Ports are chosen free here, not derived from the id (the stride is for `tenure up`).
         # The generation fence is what keeps a handed-over partition from being decided twice
-        # (on by default; said again here so these tests never run without it).
+        # (tenure up --instances and compose turn it on; said here so these tests never run without it).
         env = {"TENURE_GROUP_FENCE": "true", **env}
         self._env = service_env(bootstrap, self.state_dir, TENURE_INSTANCE_PORT_STRIDE="0", **env)
         self.instances: dict[str, Instance] = {}
