@@ -14,8 +14,19 @@ from pathlib import Path
 import httpx
 
 from services.common.settings import repo_root
+from services.projections.service import views_path
 
-__all__ = ["CpuMeter", "Service", "cpu_seconds", "percentile", "say", "service_env", "spawn", "wait_for_api"]
+__all__ = [
+    "CpuMeter",
+    "Service",
+    "cpu_seconds",
+    "percentile",
+    "say",
+    "service_env",
+    "spawn",
+    "wait_for_api",
+    "wait_for_views",
+]
 
 
 def say(message: str) -> None:
@@ -109,3 +120,14 @@ def wait_for_api(base_url: str, service: Service, timeout_s: float = 60.0) -> No
             pass
         time.sleep(0.2)
     raise TimeoutError(f"the API at {base_url} was not healthy after {timeout_s:.0f}s")
+
+
+def wait_for_views(views_dir: Path, projector: Service, timeout_s: float = 60.0) -> Path:
+    """The projector's views store, once the projector has created it (readers open it then)."""
+    path, deadline = views_path(views_dir), time.monotonic() + timeout_s
+    while not (path / "CURRENT").exists():
+        projector.check_alive()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the projector did not create {path} within {timeout_s:.0f}s")
+        time.sleep(0.1)
+    return path

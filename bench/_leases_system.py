@@ -14,12 +14,12 @@ from pathlib import Path
 import httpx
 from confluent_kafka import Producer
 
+from bench._foundation_toolkit import wait_for_views
 from bench.foundation import Service, ViewTracker, publish_all, say, service_env, spawn, submit_command
 from services.common.broker import free_port
 from services.common.kafka import TopicFollower
 from services.common.messages import MessageCodec
 from services.common.topics import RUNS_EVENTS
-from services.projections.service import views_path
 
 __all__ = [
     "COORDINATOR_HEALTH_PORTS",
@@ -142,12 +142,7 @@ def start_services(
 def submit_runs(
     bootstrap: str, workdir: Path, run_count: int, tag: str, services: list[Service], tenants: int = 1
 ) -> tuple[list[str], float]:
-    path, deadline = views_path(workdir / "views"), time.monotonic() + 60
-    while not (path / "CURRENT").exists():  # the projector creates the views store
-        services[1].check_alive()
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the projector did not create {path} within 60s")
-        time.sleep(0.1)
+    path = wait_for_views(workdir / "views", services[1])
     tracker = ViewTracker(bootstrap, path, workdir / "tracker")
     try:
         codec = MessageCodec()

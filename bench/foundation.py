@@ -54,6 +54,7 @@ from bench._foundation_toolkit import (
     service_env,
     spawn,
     wait_for_api,
+    wait_for_views,
 )
 from services.common.broker import BrokerHandle, free_port, start_broker, stop_process
 from services.common.clock import SystemClock
@@ -65,7 +66,7 @@ from services.common.settings import repo_root
 from services.common.store import RocksStore
 from services.common.topics import RUNS_COMMANDS, RUNS_EVENTS, TopicSpec
 from services.lease_coordinator.processor import RunCommandProcessor
-from services.projections.service import rebuild, views_path
+from services.projections.service import rebuild
 from services.projections.store import RunViewStore
 
 # main, and what the other benches import from here (their helpers moved to bench/_foundation_*.py).
@@ -411,12 +412,7 @@ def main(argv: list[str] | None = None) -> int:
 
         services, port = start_services(bootstrap, workdir, tag)
         cpu.pids.update({s.name: s.process.pid for s in services})
-        path, deadline = views_path(workdir / "views"), time.monotonic() + 60
-        while not (path / "CURRENT").exists():  # the projector creates the views store
-            services[1].check_alive()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the projector did not create {path} within 60s")
-            time.sleep(0.1)
+        path = wait_for_views(workdir / "views", services[1])
         tracker = ViewTracker(bootstrap, path, workdir / "tracker")
         try:
             before, t0 = cpu.snapshot(), time.monotonic()

@@ -4,20 +4,61 @@ formatter, and its access log only when TENURE_ACCESS_LOG asks for it."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import uvicorn
 
 from services.common.logs import uvicorn_log_config
+from services.common.problem_json import ProblemCatalog
 from services.common.settings import TenureSettings
 
-__all__ = ["serve_http"]
+__all__ = ["CutAtShutdown", "serve_http"]
+
+_COMMON = ProblemCatalog()
+
+
+class CutAtShutdown:
+    """The app, answering a request that shutdown cuts with a 503 problem and `Retry-After`.
+
+    Past TENURE_HTTP_SHUTDOWN_GRACE_S uvicorn cancels the requests still running, and answers
+    each one that had not started its response with a text/plain 500. The request was cut, not
+    failed: 503 `unavailable` says retry (every write carries an idempotency key, so a retry
+    elsewhere is safe), and `Connection: close` that this process is going.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watched_send(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched_send)
+        except asyncio.CancelledError:
+            if started:
+                raise  # half an answer: only closing the connection tells the client
+            cut = _COMMON.response(
+                "unavailable",
+                "this process is shutting down and cut the request; retry it",
+                str(scope.get("path", "")),
+                headers={"Retry-After": "1", "Connection": "close"},
+            )
+            await cut(scope, receive, send)
 
 
 def serve_http(app: Any, host: str, port: int, settings: TenureSettings) -> None:
     """Serve `app` until the process is told to stop (uvicorn handles SIGTERM and SIGINT)."""
     uvicorn.run(
-        app,
+        CutAtShutdown(app),
         host=host,
         port=port,
         # The levels are the log config's (uvicorn at WARNING, its access log at INFO when on):
@@ -27,4 +68,7 @@ def serve_http(app: Any, host: str, port: int, settings: TenureSettings) -> None
         access_log=settings.access_log,
         loop="uvloop",
         http="httptools",
+        # Bounded: uvicorn's default waits for every open request, so one held by a peer that
+        # died mid-request kept a SIGTERMed process alive until it was SIGKILLed.
+        timeout_graceful_shutdown=settings.http_shutdown_grace_s,
     )

@@ -38,7 +38,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from services.common.eventlog import EventLog
-from services.common.kafka import InboundRecord, OutboundRecord, follower_lags
+from services.common.kafka import InboundRecord, OffsetsStalled, OutboundRecord, follower_lags
 
 __all__ = [
     "SECONDS_BUCKETS",
@@ -177,6 +177,13 @@ class ProcessorMetrics:
             "tick is restored from the log and retried.",
             labels,
         )
+        self._offsets_stalled = counter(
+            r,
+            "tenure_processor_offsets_stalled",
+            "Generation-fence offset sends that librdkafka did not return from in time (the group "
+            "coordinator away): the writer took a new producer under the same transactional id.",
+            labels,
+        )
         self._restores = counter(r, "tenure_processor_restores", "Partitions restored from the log.", labels)
         self._restored_events = counter(
             r, "tenure_processor_restored_events", "Events folded while restoring partitions.", labels
@@ -203,6 +210,9 @@ class ProcessorMetrics:
 
     def aborted(self) -> None:
         self._aborted.labels(self.aggregate).inc()
+
+    def offsets_stalled(self) -> None:
+        self._offsets_stalled.labels(self.aggregate).inc()
 
     def restored(self, events: int, seconds: float) -> None:
         self._restores.labels(self.aggregate).inc()
@@ -243,9 +253,11 @@ class _MeteredLog:
     def commit(self, records: Sequence[OutboundRecord]) -> dict[tuple[str, int], int]:
         try:
             return self._inner.commit(records)
-        except BaseException:
+        except BaseException as exc:
             if records:
                 self._metrics.aborted()
+                if isinstance(exc, OffsetsStalled):
+                    self._metrics.offsets_stalled()
             raise
 
     def read(self, topic: str, partition: int, start_offset: int) -> Iterator[InboundRecord]:

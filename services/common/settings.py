@@ -117,6 +117,12 @@ class TenureSettings(KafkaSettings):
     batch_window_ms: float = Field(default=5.0, ge=0.1, le=100.0)
     log_level: str = "INFO"
     access_log: bool = Field(default=False, description="HTTP access log lines (JSON), every HTTP process.")
+    http_shutdown_grace_s: int = Field(
+        default=10,
+        ge=0,
+        le=3600,
+        description="After SIGTERM, how long an HTTP process finishes requests before cutting them.",
+    )
     lease_seconds: int = Field(default=90, ge=1, le=3600, description="Default lease TTL (EXE-4).")
     heartbeat_seconds: int = Field(default=20, ge=1, le=1800, description="Default heartbeat interval.")
     lease_at_risk_fraction: float = Field(default=0.5, gt=0, lt=1)

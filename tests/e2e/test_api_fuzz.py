@@ -42,7 +42,7 @@ from services.command_api.context import ApiDependencies
 from services.common.ids import run_id_for
 from services.common.kafka import PartitionReader
 from services.common.topics import BREAKERS_COMMANDS, POLICY, RUNS_COMMANDS, TRAJECTORIES_COMMANDS
-from tests.support.system import REPO_ROOT, ServiceProcess, service_env, wait_for_http, wait_until
+from tests.support.system import REPO_ROOT, ServiceProcess, service_env, stop_all, wait_for_http, wait_until
 from tests.support.tenure import claim, free_port, submit
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -114,8 +114,7 @@ class FuzzSystem:
         return self
 
     def stop(self) -> None:
-        for process in reversed(self.processes):
-            process.stop()
+        stop_all(reversed(self.processes))
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ from tests.support.system import (
     free_port,
     read_topic,
     service_env,
+    stop_all,
     wait_for_http,
     wait_until,
 )
@@ -63,8 +64,7 @@ def system(tenure_topics: str, tmp_path: Path) -> Iterator[System]:
     s.api.start()
     wait_for_http(f"{s.base}/healthz")
     yield s
-    for service in (s.api, s.projector, s.processor):
-        service.stop()
+    stop_all((s.api, s.projector, s.processor))
 
 
 def _submit(

@@ -32,6 +32,7 @@ from tests.support.system import (
     free_port,
     read_topic,
     service_env,
+    stop_all,
     wait_for_http,
     wait_for_ready,
     wait_until,
@@ -70,8 +71,7 @@ class System:
         return self
 
     def stop(self) -> None:
-        for process in (self.api, self.breakers):
-            process.stop()
+        stop_all((self.api, self.breakers))
 
     def cli(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

@@ -40,6 +40,7 @@ from tests.support.system import (
     free_port,
     read_topic,
     service_env,
+    stop_all,
     wait_for_http,
     wait_for_ready,
     wait_until,
@@ -104,8 +105,7 @@ class Fleet:
 
     def stop(self) -> None:
         self.http.close()
-        for service in (*self.gateways.values(), self.sim, self.breakers, self.coordinator):
-            service.stop()
+        stop_all((*self.gateways.values(), self.sim, self.breakers, self.coordinator))
 
     # --- talking to the gateways and the environment ------------------------------------------
 

@@ -48,7 +48,7 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         wait_for_http(f"{url}/healthz")
         yield url
     finally:
-        process.stop(grace_s=2)  # its hung answers would hold a graceful shutdown for a minute
+        process.stop()  # its hung answers are cut after its shutdown grace
 
 
 def _p99(samples: list[float]) -> float:

@@ -32,7 +32,7 @@ from services.saga_orchestrator.domain import StepStatus, TrajectoryStatus
 from services.saga_orchestrator.domain import fold as fold_trajectory
 from tests.support.saga import Lease, SagaRunner, SagaSystem, of_run
 from tests.support.scale import ProcessorFleet
-from tests.support.system import decode_all, read_topic, wait_for_http
+from tests.support.system import decode_all, read_topic, stop_all, wait_for_http
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -70,8 +70,7 @@ def system(tenure_topics: str, tmp_path: Path) -> Iterator[SagaSystem]:
         wait_for_http(f"{saga.gateway_url}/readyz", timeout_s=60)
         yield saga
     finally:
-        for service in (saga.gateway, saga.sim, saga.coordinator):
-            service.stop()
+        stop_all((saga.gateway, saga.sim, saga.coordinator))
 
 
 def _drive(runner: SagaRunner, lease: Lease, name: str, errors: list[BaseException]) -> None:

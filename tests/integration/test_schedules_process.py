@@ -34,6 +34,7 @@ from tests.support.system import (
     free_port,
     read_topic,
     service_env,
+    stop_all,
     wait_for_ready,
     wait_until,
 )
@@ -106,8 +107,7 @@ class Fleet:
         ]
 
     def stop(self) -> None:
-        for process in (self.schedules, self.coordinator):
-            process.stop()
+        stop_all((self.schedules, self.coordinator))
         self.publisher.close()
 
 

@@ -64,12 +64,9 @@ class QuarantineSystem(TenureSystem):
             wait_for_http(f"{self.sim_url}/healthz")
         return self
 
-    def stop(self) -> None:
-        if self.with_saga:
-            self.saga.stop()
-            self.sim.stop()
-        self.quarantine.stop()
-        super().stop()
+    def stop(self, *others: ServiceProcess) -> None:
+        saga = (self.saga, self.sim) if self.with_saga else ()
+        super().stop(*others, *saga, self.quarantine)
 
 
 def as_(system: TenureSystem, key: str) -> httpx.Client:

@@ -33,7 +33,14 @@ from services.common.messages import MessageCodec, UndecodableRecord
 from services.common.routing import command_record, trajectory_command_record
 from services.common.topics import RUNS_EVENTS, TRAJECTORIES_EVENTS, TRAJECTORIES_REJECTIONS
 from services.saga_orchestrator.domain import TrajectoryState, evolve
-from tests.support.system import ServiceProcess, service_env, submit_command, wait_for_http, wait_until
+from tests.support.system import (
+    ServiceProcess,
+    service_env,
+    stop_all,
+    submit_command,
+    wait_for_http,
+    wait_until,
+)
 from tests.support.tenure import free_port
 
 
@@ -68,8 +75,7 @@ class SagaSystem:
         return self
 
     def stop(self) -> None:
-        for service in (self.orchestrator, self.gateway, self.sim, self.coordinator):
-            service.stop()
+        stop_all((self.orchestrator, self.gateway, self.sim, self.coordinator))
 
     # --- the simulated environment --------------------------------------------------------------
 

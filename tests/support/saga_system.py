@@ -11,7 +11,14 @@ from typing import Any
 
 import httpx
 
-from tests.support.system import ServiceProcess, service_env, wait_for_http, wait_for_ready, wait_until
+from tests.support.system import (
+    ServiceProcess,
+    service_env,
+    stop_all,
+    wait_for_http,
+    wait_for_ready,
+    wait_until,
+)
 from tests.support.tenure import free_port
 
 __all__ = ["OPERATOR_KEY", "RUNNER", "RUNNER_KEY", "SERVICE_KEY", "SagaSystem"]
@@ -83,8 +90,7 @@ class SagaSystem:
         return self
 
     def stop(self) -> None:
-        for service in reversed(self.services):
-            service.stop()
+        stop_all(reversed(self.services))
 
     def client(self, api_key: str) -> httpx.Client:
         return httpx.Client(base_url=self.base, timeout=30, headers={"Authorization": f"Bearer {api_key}"})

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.system import ServiceProcess, service_env, wait_until
+from tests.support.system import ServiceProcess, service_env, stop_all, wait_until
 from tests.support.tenure import free_port
 
 __all__ = ["Instance", "ProcessorFleet"]
@@ -120,8 +120,7 @@ class ProcessorFleet:
         return self.state_dir / f"{store_folder}-{instance_id}"
 
     def stop_all(self) -> None:
-        for instance in self.instances.values():
-            instance.process.stop()
+        stop_all(instance.process for instance in self.instances.values())
 
     def log_tails(self) -> str:
         return "\n".join(f"--- {i.process.name}\n{i.process.log_tail(30)}" for i in self.instances.values())

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from tests.support.system import ServiceProcess, free_port, service_env, wait_for_http, wait_until
+from tests.support.system import ServiceProcess, free_port, service_env, stop_all, wait_for_http, wait_until
 
 
 class TenureSystem:
@@ -54,9 +54,9 @@ class TenureSystem:
         wait_for_http(f"{self.base}/healthz")
         return self
 
-    def stop(self) -> None:
-        for service in (self.gateway, self.ledger, self.api, self.projector, self.processor):
-            service.stop()
+    def stop(self, *others: ServiceProcess) -> None:
+        """Every process of the system (and `others`, a subclass's), stopped together."""
+        stop_all((*others, self.gateway, self.ledger, self.api, self.projector, self.processor))
 
     def client(self, api_key: str | None = None) -> httpx.Client:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}

@@ -23,7 +23,7 @@ from services.common.clock import ManualClock
 from services.common.contracts import RecoveryDecided
 from services.common.eventlog import MemoryEventLog
 from services.common.http_metrics import install_http_metrics
-from services.common.kafka import InboundRecord
+from services.common.kafka import InboundRecord, OffsetsStalled
 from services.common.messages import MessageCodec
 from services.common.metrics import StreamMetrics
 from services.common.store import MemoryStore
@@ -101,6 +101,30 @@ def test_batches_and_transactions_are_timed_and_a_failed_commit_counts_as_aborte
     coordinator.send(claim_cmd(run_id, "runner-a", command_id="claim-1"))  # the redelivery
     assert value(registry, "tenure_lease_grants_total", via="claim") == 1
     assert value(registry, "tenure_processor_transactions_aborted_total", aggregate="run") == 1
+
+
+def test_a_stalled_fence_offset_send_is_counted_apart_from_other_aborts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    coordinator = Coordinator()
+    run_id = _submitted(coordinator)
+    registry = run_registry(coordinator)
+    commit = coordinator.log.commit
+
+    def stalled(records: Any) -> Any:
+        monkeypatch.setattr(coordinator.log, "commit", commit)  # only this one stalls
+        raise OffsetsStalled("the group coordinator is away")
+
+    monkeypatch.setattr(coordinator.log, "commit", stalled)
+    with pytest.raises(OffsetsStalled):
+        coordinator.send(claim_cmd(run_id, "runner-a", command_id="claim-1"))
+    assert value(registry, "tenure_processor_offsets_stalled_total", aggregate="run") == 1
+    assert value(registry, "tenure_processor_transactions_aborted_total", aggregate="run") == 1
+    coordinator.log.fail_next_commit = True
+    with pytest.raises(ConnectionError):
+        coordinator.send(claim_cmd(run_id, "runner-a", command_id="claim-1"))
+    assert value(registry, "tenure_processor_offsets_stalled_total", aggregate="run") == 1
+    assert value(registry, "tenure_processor_transactions_aborted_total", aggregate="run") == 2
 
 
 def test_a_restore_counts_its_partitions_and_events_but_no_lease_grant_again_dur_1() -> None:
