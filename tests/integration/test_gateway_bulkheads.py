@@ -79,16 +79,22 @@ def test_a_hung_external_tool_saturates_its_pool_while_local_tools_keep_their_la
             run.run_id, lease.attempt_id, lease.epoch, key, tool, operation, {"name": key.replace("/", "-")}
         )
 
-    async def local_agent(agent: int, tag: str, took: list[float]) -> None:
+    async def local_agent(agent: int, tag: str, took: list[float], cold: list[str] | None) -> None:
         for call in range(LOCAL_CALLS):
             began = time.perf_counter()
-            result = await gateway.perform(request("files", f"{tag}/{agent}/{call}", "cache.warm"))
+            try:
+                result = await gateway.perform(request("files", f"{tag}/{agent}/{call}", "cache.warm"))
+            except EffectRefused as exc:
+                if cold is None:
+                    raise
+                cold.append(exc.slug)  # a cold sim's first 32 connections may miss the 500 ms
+                continue
             took.append(time.perf_counter() - began)
             assert result.outcome == "committed"
 
-    async def local_workload(tag: str) -> list[float]:
+    async def local_workload(tag: str, cold: list[str] | None = None) -> list[float]:
         took: list[float] = []
-        await asyncio.gather(*(local_agent(a, tag, took) for a in range(LOCAL_AGENTS)))
+        await asyncio.gather(*(local_agent(a, tag, took, cold) for a in range(LOCAL_AGENTS)))
         return took
 
     async def scenario() -> tuple[list[float], list[float], list[float], int]:
@@ -98,7 +104,11 @@ def test_a_hung_external_tool_saturates_its_pool_while_local_tools_keep_their_la
             await gateway._tools.close()  # on this loop: its connections belong to it
 
     async def measured() -> tuple[list[float], list[float], list[float], int]:
-        await local_workload("warm-up")
+        # The warm-up opens the pools' connections and warms both processes; it is not measured,
+        # and a CI run once saw a freshly started sim miss the local 500 ms timeout in it.
+        cold: list[str] = []
+        await local_workload("warm-up", cold)
+        record_property("warm_up_refused", len(cold))
         alone = await local_workload("alone")
         async with httpx.AsyncClient() as http:
             hang = {"operation": "vm.provision", "kind": "timeout-before-commit", "delayS": 60, "times": 1000}
