@@ -18,6 +18,7 @@ from tests.support.tenure import free_port
 
 __all__ = ["Instance", "ProcessorFleet"]
 
+EXIT_FENCED = 75  # services/common/streams/_runtime.py: a supervisor restarts it
 _PARTITIONS = re.compile(r"partitions \[([0-9, ]*)\]")
 
 
@@ -54,9 +55,16 @@ class ProcessorFleet:
         bootstrap: str,
         tmp: Path,
         partitions: int,
+        *,
+        restart_fenced: bool = False,
         **env: str,
     ) -> None:
         self.name = name
+        # As `tenure up` does: an instance that exits fenced (75, EX_TEMPFAIL: the group moved
+        # on from its generation) is started again under the same id and rejoins. Off by default,
+        # so that a test of the fence itself sees the exit.
+        self.restart_fenced = restart_fenced
+        self.fenced_restarts: list[str] = []
         self.module = module
         self.partitions = partitions
         self.tmp = tmp
@@ -78,7 +86,17 @@ class ProcessorFleet:
         return instance
 
     def alive(self) -> list[Instance]:
+        self._supervise()
         return [i for i in self.instances.values() if i.process.alive()]
+
+    def _supervise(self) -> None:
+        if not self.restart_fenced:
+            return
+        for instance in self.instances.values():
+            process = instance.process.process
+            if process is not None and process.poll() == EXIT_FENCED:
+                self.fenced_restarts.append(instance.instance_id)
+                instance.process.start()
 
     def coverage(self) -> dict[str, frozenset[int]] | None:
         """Each live instance's partitions, if every one is ready and together they own every
@@ -100,6 +118,7 @@ class ProcessorFleet:
         began = time.monotonic()
 
         def covered() -> dict[str, frozenset[int]] | None:
+            self._supervise()
             for instance in self.instances.values():
                 process = instance.process.process
                 if process is not None and process.poll() not in (None, -9):  # -9: our SIGKILL
