@@ -8,15 +8,20 @@ One invocation, one bundled broker (started as bench/foundation.py does, in a te
      requeues, a grant and a report), encoded with the processors' codec and committed in
      transactions of `--per-transaction` records, as the coordinator writes them (so the log
      holds commit markers too), spread over the partitions by a hash of the run id as many
-     tenants' runs would be.
+     tenants' runs would be. Each transaction also carries, as the coordinator's does, the
+     latest state of every run it changed and its checkpoint on the state changelog
+     (runs.states, compacted).
   2. Measure, in this order, each from offset 0 of every partition:
      (a) raw consume: a read_committed confluent-kafka consumer iterating the messages;
      (a2) the restore's own reader (PartitionReader.read: records as InboundRecords), partition
          after partition;
      (b) raw consume + Avro decode: the same, plus MessageCodec.decode of every value;
      (c) processor restore: RunCommandProcessor.restore_partitions of every partition into an
-         empty RocksDB store (what the coordinator does on assignment), then a check that the
-         stored states equal the in-memory fold of the produced events;
+         empty RocksDB store (what the coordinator does on assignment), with the changelog
+         ignored: every event folded; then a check that the stored states equal the in-memory
+         fold of the produced events;
+     (c2) the same restore from the state changelog (what compaction has left of it by then,
+         plus the events after its checkpoints), checked the same way;
      (d) projection rebuild: services.projections.service.rebuild into an empty view store.
   Each prints events/s and its ratio to (a), by wall time and by this process's CPU time (the
   steadier figure on a shared machine: other work slows the wall clock, not the CPU seconds).
@@ -43,6 +48,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, TopicPartition
 
 from bench.run_views_fold import workload
+from services.common.aggregate.changelog import checkpoint_record, complete_record, state_record
 from services.common.broker import BrokerHandle, start_broker
 from services.common.clock import SystemClock
 from services.common.contracts import RunEvent
@@ -50,10 +56,10 @@ from services.common.eventlog import KafkaEventLog
 from services.common.kafka import OutboundRecord, PartitionReader, TransactionalWriter, create_topics
 from services.common.messages import MessageCodec
 from services.common.store import RocksStore
-from services.common.topics import RUNS_EVENTS, RUNS_REJECTIONS
+from services.common.topics import RUNS_EVENTS, RUNS_REJECTIONS, RUNS_STATES
 from services.lease_coordinator.domain import RunState, evolve
 from services.lease_coordinator.processor import RunCommandProcessor
-from services.lease_coordinator.state_codec import decode_state
+from services.lease_coordinator.state_codec import STATE_FORMAT, decode_state, encode_state
 from services.projections.service import rebuild
 from services.projections.store import RunViewStore
 
@@ -68,22 +74,45 @@ def say(text: str) -> None:
 
 
 def produce(bootstrap: str, events: list[RunEvent], per_transaction: int, tag: str) -> dict[int, int]:
-    """Commit `events` to runs.events in transactions; {partition: records written}."""
+    """Commit `events` to runs.events in transactions, each with the states it changed on the
+    state changelog as the coordinator writes them (services/common/aggregate/changelog.py);
+    {partition: events written}."""
     codec = MessageCodec()
     writer = TransactionalWriter(bootstrap, f"tenure-bench-restore-produce-{tag}")
     counts: dict[int, int] = {}
+    states: dict[str, RunState] = {}
+    folded_to = dict.fromkeys(range(RUNS_EVENTS.partitions), 0)  # what the coordinator's store holds
+
+    def commit(batch: list[OutboundRecord], touched: dict[str, int]) -> None:
+        topic = RUNS_STATES.name
+        changelog = [
+            state_record(topic, run_id, partition, encode_state(states[run_id]), STATE_FORMAT)
+            for run_id, partition in touched.items()
+        ]
+        for partition in sorted(set(touched.values())):
+            changelog.append(checkpoint_record(topic, partition, folded_to[partition], STATE_FORMAT))
+            if folded_to[partition] == 0:
+                changelog.append(complete_record(topic, partition, STATE_FORMAT))
+        written = writer.commit(batch + changelog)
+        for (written_topic, partition), offset in written.items():
+            if written_topic == RUNS_EVENTS.name:
+                folded_to[partition] = offset + 1
+
     try:
         batch: list[OutboundRecord] = []
+        touched: dict[str, int] = {}
         for event in events:
             # Spread like many tenants' runs (one tenant's runs all route to its shard's partition).
             partition = zlib.crc32(event.run_id.encode()) % RUNS_EVENTS.partitions
             batch.append(codec.outbound(RUNS_EVENTS.name, event.run_id, event, partition))
+            states[event.run_id] = evolve(states.get(event.run_id), event)
+            touched[event.run_id] = partition
             counts[partition] = counts.get(partition, 0) + 1
             if len(batch) >= per_transaction:
-                writer.commit(batch)
-                batch = []
+                commit(batch, touched)
+                batch, touched = [], {}
         if batch:
-            writer.commit(batch)
+            commit(batch, touched)
     finally:
         writer.close()
     return counts
@@ -150,14 +179,17 @@ def expected_states(events: list[RunEvent]) -> dict[str, RunState]:
 
 
 def restore(
-    bootstrap: str, workdir: Path, tag: str, expected: dict[str, RunState]
-) -> tuple[tuple[float, float], int]:
-    """((wall, CPU) seconds, events folded) of a restore of every partition into an empty
-    store, checked against the fold."""
+    bootstrap: str, workdir: Path, tag: str, expected: dict[str, RunState], *, changelog: bool
+) -> tuple[tuple[float, float], int, int]:
+    """((wall, CPU) seconds, events restored, changelog records read) of a restore of every
+    partition into an empty store, checked against the fold; `changelog=False` folds every
+    event, as every restore did before the state changelog."""
     event_log = KafkaEventLog(bootstrap, transactional_id=f"tenure-bench-restore-{tag}")
     store = RocksStore(workdir)
     try:
         processor = RunCommandProcessor(event_log, store, MessageCodec(), SystemClock())
+        if not changelog:
+            processor.definition.changelog_topic = None  # this instance only: fold the events
         timer = Timer()
         folded = processor.restore_partitions(set(range(RUNS_EVENTS.partitions)))
         seconds = timer.stop()
@@ -165,7 +197,10 @@ def restore(
         if stored != expected:
             differ = sorted(k for k in expected.keys() | stored.keys() if stored.get(k) != expected.get(k))
             raise AssertionError(f"{len(differ)} restored states differ from the fold, e.g. {differ[:3]}")
-        return seconds, sum(folded.values())
+        records = processor.metrics.registry.get_sample_value(
+            "tenure_processor_changelog_records_total", {"aggregate": "run"}
+        )
+        return seconds, sum(folded.values()), int(records or 0)
     finally:
         event_log.close()
         store.close()
@@ -207,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
 
         broker = start_broker(port=None, data_dir=workdir / "kafka" / "data", state_dir=workdir / "kafka")
         bootstrap = broker.bootstrap_servers
-        create_topics(bootstrap, [RUNS_EVENTS, RUNS_REJECTIONS])
+        create_topics(bootstrap, [RUNS_EVENTS, RUNS_REJECTIONS, RUNS_STATES])
         started = time.perf_counter()
         counts = produce(bootstrap, events, args.per_transaction, tag)
         say(
@@ -225,8 +260,15 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(("(a2) PartitionReader.read", seconds, read))
             rows.append(("(b) raw consume + Avro decode", consume_all(bootstrap, total, codec.decode), total))
             if "restore" not in skip:
-                seconds, folded = restore(bootstrap, workdir / f"restore-{round_}", tag, expected)
-                rows.append(("(c) processor restore (checked)", seconds, folded))
+                seconds, folded, _ = restore(
+                    bootstrap, workdir / f"restore-{round_}", tag, expected, changelog=False
+                )
+                rows.append(("(c) restore, every event folded", seconds, folded))
+                seconds, folded, records = restore(
+                    bootstrap, workdir / f"changelog-{round_}", tag, expected, changelog=True
+                )
+                rows.append(("(c2) restore from the state changelog", seconds, folded))
+                say(f"  (c2) read {records:,} changelog records for {len(expected):,} runs")
             if "rebuild" not in skip:
                 seconds, folded = rebuild_views(bootstrap, workdir / f"rebuild-{round_}", len(expected))
                 rows.append(("(d) projection rebuild", seconds, folded))

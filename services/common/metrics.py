@@ -186,10 +186,26 @@ class ProcessorMetrics:
         )
         self._restores = counter(r, "tenure_processor_restores", "Partitions restored from the log.", labels)
         self._restored_events = counter(
-            r, "tenure_processor_restored_events", "Events folded while restoring partitions.", labels
+            r,
+            "tenure_processor_restored_events",
+            "Events restored partitions hold the fold of: folded, or counted by the versions of the states"
+            " taken from the state changelog.",
+            labels,
         )
         self._restore_seconds = histogram(
             r, "tenure_processor_restore_seconds", "Time to restore one partition from the log.", labels
+        )
+        self._changelog_states = counter(
+            r,
+            "tenure_processor_changelog_states",
+            "States a restore took from the aggregate's state changelog instead of folding their events.",
+            labels,
+        )
+        self._changelog_records = counter(
+            r,
+            "tenure_processor_changelog_records",
+            "State changelog records read by restores (what compaction had not yet removed included).",
+            labels,
         )
         self._deadletters = _deadletters(r)
         self._hooks: list[CommitHook] = []
@@ -219,6 +235,10 @@ class ProcessorMetrics:
         if events:
             self._restored_events.labels(self.aggregate).inc(events)
         self._restore_seconds.labels(self.aggregate).observe(seconds)
+
+    def restored_from_changelog(self, states: int, records: int) -> None:
+        self._changelog_states.labels(self.aggregate).inc(states)
+        self._changelog_records.labels(self.aggregate).inc(records)
 
     def deadlettered(self, reason: str) -> None:
         self._deadletters.labels(reason).inc()

@@ -27,6 +27,7 @@ __all__ = [
     "RUNS_COMMANDS",
     "RUNS_EVENTS",
     "RUNS_REJECTIONS",
+    "RUNS_STATES",
     "SCHEDULES_COMMANDS",
     "SCHEDULES_EVENTS",
     "SCHEDULES_REJECTIONS",
@@ -80,6 +81,21 @@ RUNS_REJECTIONS = TopicSpec(
     # A rejection changes no aggregate; it only answers the caller and feeds audits.
     config={"cleanup.policy": "delete", "retention.ms": _THIRTY_DAYS_MS},
     purpose="Commands the Run processor refused, with a specific code, keyed by runId.",
+)
+RUNS_STATES = TopicSpec(
+    name=f"{_PREFIX}runs.states",
+    partitions=RUNS_COMMANDS.partitions,
+    # A cache of the fold, never the record: the latest state per run is all a restore needs, so
+    # compacted; small segments let the cleaner reach the records an active run rewrites often.
+    config={
+        "cleanup.policy": "compact",
+        "retention.ms": _FOREVER,
+        "segment.bytes": str(16 * 1024 * 1024),
+        "segment.ms": str(3600 * 1000),
+        "min.cleanable.dirty.ratio": "0.1",
+    },
+    purpose="Each Run's latest state, keyed by runId, written with its events: a restore reads it "
+    "instead of folding runs.events (services/common/aggregate/changelog.py).",
 )
 DEADLETTER = TopicSpec(
     name=f"{_PREFIX}tenure.deadletter",
@@ -215,6 +231,7 @@ TOPICS: tuple[TopicSpec, ...] = (
     RUNS_COMMANDS,
     RUNS_EVENTS,
     RUNS_REJECTIONS,
+    RUNS_STATES,
     DEADLETTER,
     POLICY,
     TRAJECTORIES_COMMANDS,

@@ -8,6 +8,7 @@ tolerates states written before a field existed: a missing field takes its defau
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from typing import Any
 
@@ -22,7 +23,20 @@ from services.lease_coordinator.domain import (
     StopRequest,
 )
 
-__all__ = ["decode_state", "encode_state", "state_from_record", "state_record"]
+__all__ = ["STATE_FORMAT", "decode_state", "encode_state", "state_from_record", "state_record"]
+
+
+def _format_of(*types: type) -> str:
+    """A name for the layout `encode_state` writes: every field's name and declared type."""
+    layout = ";".join(
+        f"{t.__name__}:" + ",".join(f"{f.name}={f.type}" for f in dataclasses.fields(t)) for t in types
+    )
+    return "run/" + hashlib.sha256(layout.encode()).hexdigest()[:16]
+
+
+# What the state changelog's records are stamped with (services/common/aggregate/changelog.py):
+# any change to a field of these types gives another name, and the changelog is written again.
+STATE_FORMAT = _format_of(RunState, LeaseState, InputWait, EffectRecord, StopRequest)
 
 
 def state_record(state: RunState) -> dict[str, Any]:

@@ -169,17 +169,51 @@ def test_replay_equals_incremental_and_versions_increase_by_one_dur_1(case: Case
     assert any(True for _ in decoded(run.log, run.processor.definition.rejections_topic)), "refusals too"
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-def test_restore_equals_rebuild_dur_1(case: Case, seed: int) -> None:
-    run = drive(case, seed)
+def without_changelog(log: MemoryEventLog, definition: Any) -> MemoryEventLog:
+    """A copy of the log whose state changelog (if the definition has one) was never written."""
+    copy = MemoryEventLog(PARTITIONS)
+    copy.topics = {k: list(v) for k, v in log.topics.items() if k[0] != definition.changelog_topic}
+    return copy
+
+
+def assert_restores_to(
+    case: Case, log: MemoryEventLog, run: Drive, every_event: int, how: str, *, from_changelog: bool = False
+) -> None:
+    """A fresh processor on an EMPTY store, restored from `log`, holds `run`'s store."""
     fresh = MemoryStore()
-    rebuilt = case.build(run.log, fresh, ManualClock(T0))
+    rebuilt = case.build(log, fresh, ManualClock(T0))
     restored = rebuilt.restore_partitions(set(range(PARTITIONS)))
-    assert sum(restored.values()) == sum(len(e) for e in events_by_aggregate(run).values())
-    assert without_checkpoints(fresh) == without_checkpoints(run.store)
+    assert sum(restored.values()) == every_event, how
+    taken = rebuilt.metrics.registry.get_sample_value(
+        "tenure_processor_changelog_states_total", {"aggregate": rebuilt.definition.name}
+    )
+    assert (taken or 0) == (len(events_by_aggregate(run)) if from_changelog else 0), how
+    assert without_checkpoints(fresh) == without_checkpoints(run.store), how
     for partition in range(PARTITIONS):
         for topic in (run.processor.definition.events_topic, run.processor.definition.rejections_topic):
-            assert rebuilt.checkpoint(partition, topic) == run.log.end_offset(topic, partition)
+            assert rebuilt.checkpoint(partition, topic) == log.end_offset(topic, partition), how
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_restore_equals_rebuild_dur_1(case: Case, seed: int) -> None:
+    """By folding every event, and, for a definition with a state changelog (issue 16), from the
+    changelog: its states, then only the events after its checkpoint. A fold from the start
+    writes the changelog again, and the next restore takes it."""
+    run = drive(case, seed)
+    definition = run.processor.definition
+    every_event = sum(len(e) for e in events_by_aggregate(run).values())
+    folded_log = without_changelog(run.log, definition)
+    assert_restores_to(case, folded_log, run, every_event, "by folding the events")
+    if definition.changelog_topic is None:
+        return
+    # The changelog's states are the fold of every event (their versions count them).
+    assert_restores_to(
+        case, run.log, run, every_event, "from the changelog the batches wrote", from_changelog=True
+    )
+    assert any(topic == definition.changelog_topic for topic, _ in folded_log.topics), "written again"
+    assert_restores_to(
+        case, folded_log, run, every_event, "from the changelog the fold wrote again", from_changelog=True
+    )
 
 
 def answered(definition: Any, log: MemoryEventLog) -> tuple[set[str], set[str]]:

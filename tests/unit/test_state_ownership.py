@@ -66,6 +66,7 @@ CODEC = MessageCodec()
 OWNERS = {
     "RUNS_EVENTS": "lease_coordinator",
     "RUNS_REJECTIONS": "lease_coordinator",
+    "RUNS_STATES": "lease_coordinator",
     "TRAJECTORIES_EVENTS": "saga_orchestrator",
     "TRAJECTORIES_REJECTIONS": "saga_orchestrator",
     "WATCHDOG_EVENTS": "watchdog",
@@ -81,7 +82,7 @@ TRANSACTIONAL_WRITERS = {"KafkaEventLog", "TransactionalWriter"}
 # The one launcher of an aggregate's process (services/common/process.py) builds its log.
 PROCESS_LAUNCHER = "serve_aggregate"
 # The attributes by which an aggregate definition names the topics the runtime writes for it.
-DEFINITION_TOPICS = {"events_topic", "rejections_topic", "deadletter_topic"}
+DEFINITION_TOPICS = {"events_topic", "rejections_topic", "deadletter_topic", "changelog_topic"}
 
 
 def _called(node: ast.Call) -> str | None:

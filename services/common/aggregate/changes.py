@@ -69,6 +69,8 @@ class Changes(Generic[S, E]):
     timer_failures: dict[str, int] = field(default_factory=dict)
     # what a restore must publish before its checkpoint moves past the events they name
     published: list[OutboundRecord] = field(default_factory=list)
+    # aggregateId -> its state's bytes, when already encoded for the changelog (encoded once)
+    encoded: dict[str, bytes] = field(default_factory=dict)
 
     def settle(self, partition: int, aggregate_id: str, previous: S | None, state: S) -> None:
         """Take `state` as the aggregate's new state; `previous` is the one it was decided on."""

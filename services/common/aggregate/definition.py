@@ -127,6 +127,11 @@ class BatchContext(Generic[S, C, E, X]):
     def accept(self, partition: int, transitions: Sequence[Transition[S, E]]) -> None:
         """The events of one command (or timer, or restored event), in order, as applied."""
 
+    def accept_state(self, partition: int, state: S) -> None:
+        """A state a restore took from the changelog (`changelog_topic`) into an empty store: the
+        context learns what the fold of its events would have taught it (a definition with a
+        changelog must make this equal to `accept` of those events)."""
+
     def writes(self) -> tuple[Mapping[str, bytes], Sequence[str]]:
         """(puts, deletes) joining the unit's one store write."""
         return {}, ()
@@ -156,6 +161,16 @@ class AggregateDefinition(ABC, Generic[S, C, E, X]):
     state_codec: StateCodec[S]
     # True: the runtime keeps a timer index from `next_timer_at` and `tick` runs `decide_timers`.
     has_timers: bool = False
+    # A compacted topic co-partitioned with the events, or None: each transaction also writes the
+    # latest state of every aggregate it changed there, so that a restore into an empty store
+    # reads one record per aggregate instead of folding every event (Kafka Streams' changelog;
+    # services/common/aggregate/changelog.py). Only for an aggregate whose batch context can be
+    # rebuilt from states alone (`BatchContext.accept_state`).
+    changelog_topic: str | None = None
+    # Names the layout of `state_codec`'s bytes. A restore trusts a changelog only when every
+    # state in it was written in this format; otherwise it folds the events and writes the
+    # changelog again. Change it whenever decoding an older state could be wrong.
+    state_format: str = "1"
 
     # --- the pure core -------------------------------------------------------------------------
 

@@ -46,6 +46,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Generic, TypeVar
 
+from services.common.aggregate import changelog
 from services.common.aggregate.changes import BatchOutcome, Changes, Decided
 from services.common.aggregate.definition import AggregateDefinition, Refused, Transition
 from services.common.avro import SchemaRegistryError
@@ -168,6 +169,14 @@ class AggregateProcessor(Generic[S, C, E, X]):
         applied = 0
         changes = self._changes()
         next_offset = self.checkpoint(partition)
+        # An empty store takes the changelog's states, then folds only the events after its
+        # checkpoint (services/common/aggregate/changelog.py); a changelog it cannot trust is
+        # written again from the fold, and `folded` collects what to write.
+        seeded, represented = False, 0
+        folded: set[str] | None = None
+        if next_offset == 0 and d.changelog_topic is not None:
+            seeded, next_offset, represented = self._seed(partition)
+            folded = None if seeded else set()
         # Where the log ends before reading: everything below it is read (records) or skipped
         # (transaction markers), so the checkpoint may move there. Resuming at the last record
         # + 1 instead would leave its commit marker to be fetched again on every restart.
@@ -188,7 +197,11 @@ class AggregateProcessor(Generic[S, C, E, X]):
             state = working[aggregate_id] if aggregate_id in working else self.load(aggregate_id)
             current = version_of(state) if state is not None else 0
             if sequence(aggregate_id, current, event_version(event)) is Sequencing.DUPLICATE:
+                if seeded:  # the changelog's last unit: its outputs may not have been published
+                    changes.published.extend(published_of(event, partition, record.offset, codec))
                 continue
+            if folded is not None:
+                folded.add(aggregate_id)
             after = evolve(state, event)
             changes.context.accept(partition, (Transition(state, event, after),))
             changes.settle(partition, aggregate_id, state, after)
@@ -210,9 +223,13 @@ class AggregateProcessor(Generic[S, C, E, X]):
         changes.checkpoints[checkpoint(d.events_topic, partition)] = max(next_offset, events_end)
         changes.checkpoints[checkpoint(d.rejections_topic, partition)] = max(next_rejection, rejections_end)
         self._persist(changes)
+        if folded:
+            self._write_changelog_again(
+                partition, folded, changes.checkpoints[checkpoint(d.events_topic, partition)]
+            )
         self._timer_floor.pop(partition, None)
         self._restored.add(partition)
-        self.metrics.restored(applied, time.monotonic() - started)
+        self.metrics.restored(represented + applied, time.monotonic() - started)
         if applied or changes.rejected:
             d.log.info(
                 "restored %s partition %d: %d events and %d refusals folded, checkpoint %d",
@@ -222,7 +239,55 @@ class AggregateProcessor(Generic[S, C, E, X]):
                 len(changes.rejected),
                 next_offset,
             )
-        return applied
+        return represented + applied
+
+    def _seed(self, partition: int) -> tuple[bool, int, int]:
+        """Take a trustworthy changelog's states into the store, in ONE write with the events
+        checkpoint it names (a crash before it leaves the partition empty, so the seed is
+        simply taken again); (taken, the events offset to fold from, the number of events the
+        states are the fold of: their versions)."""
+        d = self.definition
+        assert d.changelog_topic is not None
+        seed = changelog.read_seed(self._log, d.changelog_topic, partition, d.state_format)
+        if not seed.usable:
+            if not seed.empty:
+                d.log.warning(
+                    "%s partition %d: the state changelog (%d records) is not whole or not in format %s;"
+                    " folding the events and writing it again",
+                    d.name,
+                    partition,
+                    seed.records,
+                    d.state_format,
+                )
+            return False, 0, 0
+        changes = self._changes()
+        represented = 0
+        decode, accept_state = d.state_codec.decode, changes.context.accept_state
+        for aggregate_id, raw in seed.states.items():
+            state = decode(raw)
+            changes.settle(partition, aggregate_id, None, state)
+            changes.encoded[aggregate_id] = raw
+            accept_state(partition, state)
+            represented += d.version(state)
+        changes.checkpoints[self._layout.checkpoint_key(d.events_topic, partition)] = seed.checkpoint
+        self._persist(changes)
+        self.metrics.restored_from_changelog(len(seed.states), seed.records)
+        return True, seed.checkpoint, represented
+
+    def _write_changelog_again(self, partition: int, aggregate_ids: set[str], events_offset: int) -> None:
+        """After a fold from the start: every state of the partition, then the checkpoint and the
+        mark that the changelog is whole (in the last transaction)."""
+        d = self.definition
+        assert d.changelog_topic is not None
+        states = [
+            (i, raw) for i in sorted(aggregate_ids) if (raw := self._store.get(self._layout.state_key(i)))
+        ]
+        records = changelog.reseed_records(
+            d.changelog_topic, states, partition, events_offset, d.state_format
+        )
+        for start in range(0, len(records), _RESTORE_FLUSH_EVERY):
+            self._log.commit(records[start : start + _RESTORE_FLUSH_EVERY])
+        d.log.info("%s partition %d: wrote %d states to the changelog again", d.name, partition, len(states))
 
     def _decode_logged(self, record: InboundRecord) -> object:
         try:
@@ -508,6 +573,8 @@ class AggregateProcessor(Generic[S, C, E, X]):
         """Step 3 then step 4; the number of records published after the commit."""
         d = self.definition
         started = time.monotonic()
+        if d.changelog_topic is not None and changes.after:
+            out = out + self._changelog_records(d.changelog_topic, events, changes)
         with commit_span(d.name, len(out)):  # tracing (issue 17): linked to the batch's decisions
             written = self._log.commit(out)
         if out:
@@ -520,6 +587,26 @@ class AggregateProcessor(Generic[S, C, E, X]):
         published = len(changes.published)
         self._persist(changes)
         return published
+
+    def _changelog_records(
+        self, topic: str, events: list[tuple[E, int]], changes: Changes[S, E]
+    ) -> list[OutboundRecord]:
+        """The unit's states (encoded once: the store write reuses the bytes) and, on each
+        partition it writes events to, the events offset the store had folded to before it."""
+        d, fmt = self.definition, self.definition.state_format
+        encode, encoded = d.state_codec.encode, changes.encoded
+        records = []
+        for aggregate_id, state in changes.after.items():
+            raw = encoded[aggregate_id] = encode(state)
+            records.append(
+                changelog.state_record(topic, aggregate_id, changes.partition_of[aggregate_id], raw, fmt)
+            )
+        for partition in sorted({partition for _, partition in events}):
+            folded_to = self.checkpoint(partition)
+            records.append(changelog.checkpoint_record(topic, partition, folded_to, fmt))
+            if folded_to == 0:  # the partition's first events: the changelog is whole from here
+                records.append(changelog.complete_record(topic, partition, fmt))
+        return records
 
     def _published_after(
         self, events: list[tuple[E, int]], written: Mapping[tuple[str, int], int]
@@ -540,7 +627,10 @@ class AggregateProcessor(Generic[S, C, E, X]):
         if changes.published:
             self._log.commit(changes.published)
         d, layout = self.definition, self._layout
-        puts = {layout.state_key(i): d.state_codec.encode(s) for i, s in changes.after.items()}
+        encode, encoded = d.state_codec.encode, changes.encoded
+        puts = {
+            layout.state_key(i): encoded[i] if i in encoded else encode(s) for i, s in changes.after.items()
+        }
         deletes: list[str] = []
         for aggregate_id, after in changes.after.items():
             partition = changes.partition_of[aggregate_id]
