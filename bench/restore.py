@@ -48,7 +48,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, TopicPartition
 
 from bench.run_views_fold import workload
-from services.common.aggregate.changelog import checkpoint_record, complete_record, state_record
+from services.common.aggregate.changelog import unit_records
 from services.common.broker import BrokerHandle, start_broker
 from services.common.clock import SystemClock
 from services.common.contracts import RunEvent
@@ -84,15 +84,12 @@ def produce(bootstrap: str, events: list[RunEvent], per_transaction: int, tag: s
     folded_to = dict.fromkeys(range(RUNS_EVENTS.partitions), 0)  # what the coordinator's store holds
 
     def commit(batch: list[OutboundRecord], touched: dict[str, int]) -> None:
-        topic = RUNS_STATES.name
-        changelog = [
-            state_record(topic, run_id, partition, encode_state(states[run_id]), STATE_FORMAT)
-            for run_id, partition in touched.items()
-        ]
-        for partition in sorted(set(touched.values())):
-            changelog.append(checkpoint_record(topic, partition, folded_to[partition], STATE_FORMAT))
-            if folded_to[partition] == 0:
-                changelog.append(complete_record(topic, partition, STATE_FORMAT))
+        changelog = unit_records(
+            RUNS_STATES.name,
+            [(run_id, partition, encode_state(states[run_id])) for run_id, partition in touched.items()],
+            {partition: folded_to[partition] for partition in set(touched.values())},
+            STATE_FORMAT,
+        )
         written = writer.commit(batch + changelog)
         for (written_topic, partition), offset in written.items():
             if written_topic == RUNS_EVENTS.name:

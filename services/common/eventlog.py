@@ -87,3 +87,9 @@ class MemoryEventLog:
 
     def end_offset(self, topic: str, partition: int) -> int:
         return len(self.topics.get((topic, partition), []))
+
+    def without(self, topic: str | None) -> MemoryEventLog:
+        """A copy of this log in which `topic` was never written (None: a plain copy)."""
+        copy = MemoryEventLog(self._partitions)
+        copy.topics = {key: list(records) for key, records in self.topics.items() if key[0] != topic}
+        return copy

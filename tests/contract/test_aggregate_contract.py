@@ -169,13 +169,6 @@ def test_replay_equals_incremental_and_versions_increase_by_one_dur_1(case: Case
     assert any(True for _ in decoded(run.log, run.processor.definition.rejections_topic)), "refusals too"
 
 
-def without_changelog(log: MemoryEventLog, definition: Any) -> MemoryEventLog:
-    """A copy of the log whose state changelog (if the definition has one) was never written."""
-    copy = MemoryEventLog(PARTITIONS)
-    copy.topics = {k: list(v) for k, v in log.topics.items() if k[0] != definition.changelog_topic}
-    return copy
-
-
 def assert_restores_to(
     case: Case, log: MemoryEventLog, run: Drive, every_event: int, how: str, *, from_changelog: bool = False
 ) -> None:
@@ -202,7 +195,7 @@ def test_restore_equals_rebuild_dur_1(case: Case, seed: int) -> None:
     run = drive(case, seed)
     definition = run.processor.definition
     every_event = sum(len(e) for e in events_by_aggregate(run).values())
-    folded_log = without_changelog(run.log, definition)
+    folded_log = run.log.without(definition.changelog_topic)
     assert_restores_to(case, folded_log, run, every_event, "by folding the events")
     if definition.changelog_topic is None:
         return

@@ -62,12 +62,6 @@ def restored(log: MemoryEventLog) -> tuple[RunCommandProcessor, MemoryStore]:
     return processor, store
 
 
-def without_changelog(log: MemoryEventLog) -> MemoryEventLog:
-    copy = MemoryEventLog(PARTITIONS)
-    copy.topics = {k: list(v) for k, v in log.topics.items() if k[0] != RUNS_STATES.name}
-    return copy
-
-
 def test_each_transaction_writes_the_states_it_changed_with_the_checkpoint_before_it() -> None:
     log, store = busy_log()
     records = list(changelog(log))
@@ -100,7 +94,7 @@ def test_a_changelog_written_only_since_an_upgrade_is_not_trusted_and_is_written
     log, store = busy_log()
     # As if the first batch ran before the upgrade: its changelog records (its states, the
     # checkpoint 0 and the mark that the changelog is whole, in that order) never existed.
-    upgraded = without_changelog(log)
+    upgraded = log.without(RUNS_STATES.name)
     for (topic, partition), records in log.topics.items():
         if topic == RUNS_STATES.name:
             first_end = next(i for i, r in enumerate(records) if r.key == COMPLETE_KEY)
@@ -159,7 +153,7 @@ def test_any_command_stream_restores_from_the_changelog_to_the_fold(steps: list[
         )
         processor.handle([topic.record(command)])
     from_changelog, fresh = restored(log)
-    by_fold, folded = restored(without_changelog(log))
+    by_fold, folded = restored(log.without(RUNS_STATES.name))
     assert dict(fresh.scan("")) == dict(folded.scan("")) == dict(store.scan(""))
     assert taken_from_changelog(by_fold) == 0
     assert taken_from_changelog(from_changelog) == len(list(store.scan("run/")))

@@ -25,7 +25,7 @@ again, so the next restore can.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from services.common.eventlog import EventLog
@@ -41,6 +41,7 @@ __all__ = [
     "read_seed",
     "reseed_records",
     "state_record",
+    "unit_records",
 ]
 
 # Keys no aggregate id can be (ids are printable; services/common/ids.py).
@@ -118,6 +119,27 @@ def _format_of(headers: Iterable[tuple[str, bytes]]) -> bytes | None:
         if name == FORMAT_HEADER:
             return value
     return None
+
+
+def unit_records(
+    topic: str,
+    states: Iterable[tuple[str, int, bytes]],
+    folded_to: Mapping[int, int],
+    state_format: str,
+) -> list[OutboundRecord]:
+    """What one unit adds to its transaction: each state it changed (aggregateId, partition,
+    encoded state) and, on each partition it wrote events to, the events offset the store had
+    folded to before it (`folded_to`); the mark that the changelog is whole goes with a
+    partition's first events (folded to 0)."""
+    records = [
+        state_record(topic, aggregate_id, partition, encoded, state_format)
+        for aggregate_id, partition, encoded in states
+    ]
+    for partition, offset in sorted(folded_to.items()):
+        records.append(checkpoint_record(topic, partition, offset, state_format))
+        if offset == 0:
+            records.append(complete_record(topic, partition, state_format))
+    return records
 
 
 def reseed_records(
