@@ -19,6 +19,7 @@ offset in the same write, so the projector refolds runs.events from offset 0 by 
 from __future__ import annotations
 
 import base64
+import functools
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
@@ -66,8 +67,10 @@ def _index_key(status: str, fold: RunFold) -> str:
     return f"idx/{status}/{fold.state.submitted_at:013d}/{fold.state.run_id}"
 
 
+@functools.lru_cache(maxsize=4096)
 def _held_prefix(principal: str) -> str:
-    # Quoted, so that no principal's prefix is another's ("a" and "a/b").
+    # Quoted, so that no principal's prefix is another's ("a" and "a/b"). Cached: every event
+    # asks it twice (the lease held before and after), and a fleet has few principals.
     return f"held/{quote(principal, safe='')}/"
 
 
