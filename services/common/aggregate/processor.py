@@ -470,7 +470,8 @@ class AggregateProcessor(Generic[S, C, E, X]):
         for aggregate_id, state in changes.after.items():
             raw = encoded[aggregate_id] = encode(state)
             states.append((aggregate_id, changes.partition_of[aggregate_id], raw))
-        folded_to = {partition: self.checkpoint(partition) for _, partition in events}
+        # One store read per partition the unit writes to, not per event.
+        folded_to = {partition: self.checkpoint(partition) for partition in {p for _, p in events}}
         return changelog.unit_records(topic, states, folded_to, self.definition.state_format)
 
     def _published_after(
