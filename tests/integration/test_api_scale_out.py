@@ -28,7 +28,7 @@ from tests.support.saga_system import OPERATOR_KEY, RUNNER_KEY, SagaSystem
 from tests.support.system import ServiceProcess, service_env
 from tests.support.tenure import free_port, submit
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(240)]
 
 
 @pytest.fixture(scope="module")

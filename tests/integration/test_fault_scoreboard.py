@@ -16,7 +16,7 @@ import pytest
 
 from bench.faults.harness import run_scoreboard
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(600)]
 
 
 @pytest.fixture

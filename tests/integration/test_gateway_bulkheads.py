@@ -31,7 +31,7 @@ from tests.support.gateway import OfflineGateway
 from tests.support.lease_run import Run
 from tests.support.system import ServiceProcess, free_port, service_env, wait_for_http
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(120)]
 
 EXTERNAL = Limits(concurrency=16, queue=16, timeout_ms=20_000)  # the seed's 16; hung well past the test
 HUNG_AGENTS, LOCAL_AGENTS, LOCAL_CALLS = 96, 32, 8

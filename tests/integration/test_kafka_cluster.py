@@ -25,7 +25,7 @@ from services.common.topics import RUNS_COMMANDS, RUNS_EVENTS, TOPICS
 from tests.support.system import decode_all, free_port, read_topic, wait_for_ready, wait_until
 from tests.support.tenure import TenureSystem
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(150)]
 
 DURABLE = {"TENURE_TOPIC_REPLICATION_FACTOR": "3", "TENURE_TOPIC_MIN_INSYNC_REPLICAS": "2"}
 

@@ -57,7 +57,7 @@ from tests.support.system import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(240)]
 
 # Not 0x00: a leading zero byte is the Confluent wire format's magic (issue 17), decoded by registry id.
 GARBAGE = b"\x01not avro"

@@ -44,7 +44,7 @@ from services.lease_coordinator.state_codec import decode_state
 from tests.support.scale import ProcessorFleet
 from tests.support.system import decode_all, read_topic, submit_command, wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(180)]
 
 MAX_RUNS = 400  # new runs stream in until the test says stop (after the takeover), at most these
 LEASE_S = 2

@@ -33,7 +33,7 @@ from services.lease_coordinator.state_codec import decode_state
 from tests.support.scale import ProcessorFleet
 from tests.support.system import decode_all, read_topic, submit_command, wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(150)]
 
 LEASE_S = 8
 

@@ -34,7 +34,7 @@ from tests.support.saga import Lease, SagaRunner, SagaSystem, of_run
 from tests.support.scale import ProcessorFleet
 from tests.support.system import decode_all, read_topic, stop_all, wait_for_http
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(180)]
 
 TRAJECTORIES = 8
 STEPS = (

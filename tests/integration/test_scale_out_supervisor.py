@@ -21,7 +21,7 @@ from tests.support.scale import Instance
 from tests.support.system import REPO_ROOT, ServiceProcess, wait_until
 from tests.support.tenure import free_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(180)]
 
 STRIDE = 7
 

@@ -39,7 +39,7 @@ from tests.support.system import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(240)]
 MINUTE = 60_000
 
 
