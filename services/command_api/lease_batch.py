@@ -121,19 +121,11 @@ def _refused(item: RenewalItem, slug: str, detail: str, path: str, **extensions:
     }
 
 
-def _read_all(read: Any, run_ids: list[str]) -> dict[str, dict[str, Any] | None]:
-    """One hop to a worker thread for many small reads (a brief per run)."""
-    return {run_id: read(run_id) for run_id in dict.fromkeys(run_ids)}
-
-
 def _watchdog_briefs(ctx: ApiContext, run_ids: list[str]) -> dict[str, dict[str, Any] | None]:
-    out: dict[str, dict[str, Any] | None] = {}
-    for run_id in dict.fromkeys(run_ids):
-        try:
-            out[run_id] = ctx.deps.views.watchdog_brief(run_id)
-        except Exception:  # delivery never fails the answer it rides on (watchdog_delivery.py)
-            out[run_id] = None
-    return out
+    try:
+        return ctx.deps.views.watchdog_briefs(run_ids)
+    except Exception:  # delivery never fails the answer it rides on (watchdog_delivery.py)
+        return dict.fromkeys(run_ids)
 
 
 def add_batch_renewal(router: APIRouter, ctx: ApiContext) -> None:
@@ -160,7 +152,8 @@ def add_batch_renewal(router: APIRouter, ctx: ApiContext) -> None:
                 )
             else:
                 run_of[index] = run_id
-        briefs = await ctx.in_thread("the run views", _read_all, ctx.deps.views.brief, list(run_of.values()))
+        # One hop to a worker thread, and at most one wait for the fold, for all the briefs.
+        briefs = await ctx.in_thread("the run views", ctx.deps.views.briefs, list(run_of.values()))
         # LEASE-1, as check_holder: knowing an attempt id is not enough to renew its lease.
         for index, run_id in list(run_of.items()):
             brief = briefs.get(run_id)
@@ -192,7 +185,7 @@ def add_batch_renewal(router: APIRouter, ctx: ApiContext) -> None:
         replays = [run_of[i] for i, d in decisions.items() if _is_replay(d)]
         # A replay is answered from the run as it stands (rare: a retried batch), so its whole
         # view is read, as a single heartbeat's replay reads it; one hop for all of them.
-        views = await ctx.in_thread("the run views", _read_all, ctx.deps.views.get, replays)
+        views = await ctx.in_thread("the run views", ctx.deps.views.views, replays)
         watchdog = await ctx.in_thread(
             "the watchdog views",
             _watchdog_briefs,

@@ -22,12 +22,12 @@ X-Tenure-Content-Hash, whatever their media type) and every other media type pas
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from services.common import jsonbytes
 from services.common.times import rfc3339_or_none
 
 __all__ = ["OPAQUE_FIELDS", "RFC3339_SUFFIX", "Rfc3339Siblings", "add_rfc3339_siblings", "siblings_in_body"]
@@ -98,8 +98,7 @@ def add_rfc3339_siblings(value: Any) -> Any:
 def siblings_in_body(body: bytes) -> bytes:
     """A JSON body with the siblings added; the body as it was when it is not JSON."""
     try:
-        tree = add_rfc3339_siblings(json.loads(body))
-        return json.dumps(tree, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+        return jsonbytes.dumps(add_rfc3339_siblings(jsonbytes.loads(body)))
     except ValueError:  # not JSON after all, or not UTF-8, or an Infinity: not for us to judge
         return body
 

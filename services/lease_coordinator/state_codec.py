@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 from typing import Any
 
+from services.common import jsonbytes
 from services.lease_coordinator.domain import (
     EffectRecord,
     InputWait,
@@ -98,8 +98,8 @@ def state_from_record(record: dict[str, Any]) -> RunState:
 
 
 def encode_state(state: RunState) -> bytes:
-    return json.dumps(state_record(state), sort_keys=True, separators=(",", ":")).encode("utf-8")
+    return jsonbytes.dumps(state_record(state), sort_keys=True)
 
 
 def decode_state(raw: bytes) -> RunState:
-    return state_from_record(json.loads(raw))
+    return state_from_record(jsonbytes.loads(raw))

@@ -12,10 +12,10 @@ parses them, so a client reads objects, not strings inside strings.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
+from services.common import jsonbytes
 from services.common.contracts import (
     IncidentResolved,
     LeaseRevocationRecorded,
@@ -70,7 +70,7 @@ def _parsed(text: str) -> Any:
     if not text:
         return None
     try:
-        return json.loads(text)
+        return jsonbytes.loads(text)
     except ValueError:
         return text
 
@@ -324,9 +324,9 @@ def open_incident(fold: TrajectoryFold) -> dict[str, Any] | None:
 
 
 def encode_fold(fold: TrajectoryFold) -> bytes:
-    return json.dumps(
+    return jsonbytes.dumps(
         {
-            "state": json.loads(encode_state(fold.state)),
+            "state": jsonbytes.loads(encode_state(fold.state)),
             "startedAt": fold.started_at,
             "updatedAt": fold.updated_at,
             "decisions": list(fold.decisions),
@@ -335,14 +335,13 @@ def encode_fold(fold: TrajectoryFold) -> bytes:
             "recentCommands": list(fold.recent_commands),
         },
         sort_keys=True,
-        separators=(",", ":"),
-    ).encode("utf-8")
+    )
 
 
 def decode_fold(raw: bytes) -> TrajectoryFold:
-    data = json.loads(raw)
+    data = jsonbytes.loads(raw)
     return TrajectoryFold(
-        state=decode_state(json.dumps(data["state"]).encode("utf-8")),
+        state=decode_state(jsonbytes.dumps(data["state"])),
         started_at=int(data["startedAt"]),
         updated_at=int(data["updatedAt"]),
         decisions=tuple(data["decisions"]),

@@ -15,10 +15,10 @@ request and its answer, the result manifest and the last stop requested.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from services.common import jsonbytes
 from services.common.contracts import (
     AttemptClaimed,
     AttemptReported,
@@ -257,7 +257,7 @@ def render_run(fold: RunFold) -> dict[str, Any]:
         "statusReason": fold.status_reason,
         "version": state.version,
         "idempotencyKey": state.idempotency_key,
-        "executionSpec": json.loads(state.execution_spec),
+        "executionSpec": jsonbytes.loads(state.execution_spec),
         "specDigest": state.spec_digest,
         "retrySafe": state.retry_safe,
         "timeoutSeconds": state.timeout_seconds,
@@ -353,7 +353,7 @@ class _Facts:
             self.input = {
                 "requestId": details["requestId"],
                 "prompt": details["prompt"],
-                "inputSchema": json.loads(details["inputSchema"]),
+                "inputSchema": jsonbytes.loads(details["inputSchema"]),
                 "expiresAt": details["expiresAt"],
                 "checkpointDigest": details["checkpointDigest"],
                 "requestedAt": at,
@@ -364,7 +364,7 @@ class _Facts:
             self.input = self.input or {}
             self.input["response"] = {
                 "responseId": details["responseId"],
-                "answer": json.loads(details["answer"]),
+                "answer": jsonbytes.loads(details["answer"]),
                 "at": at,
                 "by": entry["actor"],
             }
@@ -483,17 +483,17 @@ def apply_event(view: Mapping[str, Any] | None, event: RunEvent) -> RunView | No
 
 
 def encode_view(view: dict[str, Any]) -> bytes:
-    return json.dumps(view, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    return jsonbytes.dumps(view, sort_keys=True)
 
 
 def decode_view(raw: bytes) -> dict[str, Any]:
-    result: dict[str, Any] = json.loads(raw)
+    result: dict[str, Any] = jsonbytes.loads(raw)
     return result
 
 
 def encode_fold(fold: RunFold) -> bytes:
     """Everything of the fold but its history, which the stored view already holds whole."""
-    return json.dumps(
+    return jsonbytes.dumps(
         {
             "state": state_record(fold.state),
             "statusReason": fold.status_reason,
@@ -510,12 +510,11 @@ def encode_fold(fold: RunFold) -> bytes:
             ],
         },
         sort_keys=True,
-        separators=(",", ":"),
-    ).encode("utf-8")
+    )
 
 
 def decode_fold(raw: bytes, history: Iterable[dict[str, Any]]) -> RunFold:
-    data = json.loads(raw)
+    data = jsonbytes.loads(raw)
     return RunFold(
         state=state_from_record(data["state"]),
         history=tuple(history),

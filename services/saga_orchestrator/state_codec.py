@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any
 
+from services.common import jsonbytes
 from services.saga_orchestrator.domain.lifecycle import StepStatus, TrajectoryStatus
 from services.saga_orchestrator.domain.state import Incident, StepState, TrajectoryState
 
@@ -25,11 +25,11 @@ def _plain(value: Any) -> Any:
 
 
 def encode_state(state: TrajectoryState) -> bytes:
-    return json.dumps(_plain(state), separators=(",", ":")).encode("utf-8")
+    return jsonbytes.dumps(_plain(state))
 
 
 def decode_state(raw: bytes) -> TrajectoryState:
-    data = json.loads(raw)
+    data = jsonbytes.loads(raw)
     steps = tuple(
         StepState(**{**s, "status": StepStatus(s["status"]), "signatures": tuple(s["signatures"])})
         for s in data.pop("steps")

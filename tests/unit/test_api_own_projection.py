@@ -25,7 +25,7 @@ from services.command_api.view_reader import READ_DEADLINE, ViewReader
 from services.common.decisions import FollowerHealth
 from services.common.messages import MessageCodec
 from services.common.store import MemoryStore
-from services.common.topics import RUNS_EVENTS
+from services.common.topics import RUNS_EVENTS, WATCHDOG_EVENTS
 from services.projections.store import RunViewStore
 from services.projections.trajectory_store import TrajectoryViewStore
 from services.projections.views import encode_view
@@ -240,3 +240,36 @@ def test_a_long_polls_first_look_reads_the_fold_without_asking_where_the_log_end
     assert queries == []
     assert reader.trajectory("run-t") == {"runId": "run-t", "version": 4}
     assert len(queries) == 1
+
+
+def test_a_batch_of_briefs_waits_for_the_fold_once_not_once_per_run() -> None:
+    """A batch renewal's holder checks and watchdog briefs (issue 16): every brief that may be
+    behind (a newer version heard, or none found) is read after ONE query of the log's ends, and
+    a brief already as new as anything heard costs no query at all."""
+    projection = FakeProjection()
+    queries: list[str] = []
+    counted = projection.ends._query
+    projection.ends._query = lambda topic: (queries.append(topic), counted(topic))[1]  # type: ignore[method-assign]
+    heard = {f"run-{n}": (3 if n % 2 else 1) for n in range(250)}  # the odd ones: news not folded yet
+    reader = ViewReader(
+        Path("unused"),
+        MessageCodec(),
+        heard_run=lambda run_id: heard.get(run_id, 0),
+        heard_watchdog=lambda run_id: 0,
+        projection=projection,  # type: ignore[arg-type]
+        wait_s=5.0,
+    )
+    briefs_stored = {f"brief/{r}": encode_view({"runId": r, "version": 1}) for r in heard}
+    projection.store.write(briefs_stored)
+
+    fresh = reader.briefs([r for r in heard if heard[r] == 1])
+    assert queries == [] and all(b is not None and b["version"] == 1 for b in fresh.values())
+
+    briefs = reader.briefs([*heard, "run-unknown"])
+    assert queries == [TOPIC]
+    assert set(briefs) == {*heard, "run-unknown"} and briefs["run-unknown"] is None
+    assert all(briefs[r] == {"runId": r, "version": 1} for r in heard)
+
+    # No watchdog view for any of them: one query for the lot, as one heartbeat alone would ask.
+    watchdog = reader.watchdog_briefs(list(heard))
+    assert queries == [TOPIC, WATCHDOG_EVENTS.name] and set(watchdog.values()) == {None}

@@ -1,0 +1,53 @@
+"""JSON to and from bytes on the hot paths: stored states and views, and the API's answers.
+
+The Run view projector and every API instance render a run's view on each of its events, and
+the coordinator encodes a run's state on each of its commands. With the standard library's
+encoder that JSON was the largest single cost of following the log (44% of the projector's
+live fold, bench/run_views_fold.py). orjson does the same in C.
+
+What is written and read is exactly what `json.dumps(value, separators=(",", ":"),
+ensure_ascii=False[, sort_keys=True])` and `json.loads` give, with two exceptions no reader
+sees: non-ASCII text is UTF-8 where the standard library's default escapes it, and a float that
+is not finite becomes null where the standard library writes `NaN`, which is not JSON (no
+stored state or view holds a float; the API refuses such numbers in what it is given). Where
+orjson would change a value, the standard library does the work instead:
+* an integer beyond 64 bits (a user's executionSpec may hold one) is refused by orjson's
+  encoder, so that document is encoded by the standard library;
+* orjson's decoder reads such an integer as a float, so a document with a run of 19 or more
+  digits anywhere (a cheap scan in C; a long digit run inside a string only costs the fast
+  path) is decoded by the standard library.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import orjson
+
+__all__ = ["dumps", "loads"]
+
+_PLAIN = orjson.OPT_NON_STR_KEYS
+_SORTED = orjson.OPT_NON_STR_KEYS | orjson.OPT_SORT_KEYS
+# 2**63 has 19 digits: any shorter run of digits is an integer orjson reads exactly.
+_LONG_DIGITS = re.compile(rb"\d{19}")
+
+
+def dumps(value: Any, *, sort_keys: bool = False) -> bytes:
+    """Compact JSON (no spaces) as UTF-8 bytes; `sort_keys` orders every object's keys."""
+    try:
+        return orjson.dumps(value, option=_SORTED if sort_keys else _PLAIN)
+    except orjson.JSONEncodeError:
+        # An integer beyond 64 bits, or a type orjson does not know: the standard library
+        # writes the former and raises its own TypeError for the latter.
+        text = json.dumps(value, sort_keys=sort_keys, separators=(",", ":"), ensure_ascii=False)
+        return text.encode("utf-8")
+
+
+def loads(raw: bytes | str) -> Any:
+    """The value of a JSON document; a ValueError (json.JSONDecodeError) when it is not one."""
+    data = raw.encode("utf-8") if isinstance(raw, str) else raw
+    if _LONG_DIGITS.search(data) is not None:
+        return json.loads(data)
+    return orjson.loads(data)

@@ -1,0 +1,80 @@
+"""services.common.jsonbytes writes and reads what the standard library's json does.
+
+The stored views and states moved from `json` to orjson (issue 16: the projector's live fold);
+stores written by either must read the same, and no value may change on the way, including a
+user's executionSpec with integers beyond 64 bits, which orjson alone would refuse to write and
+read back as floats."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.common import jsonbytes
+
+_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers()  # unbounded: beyond 64 bits too
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text()
+)
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(), inner, max_size=5),
+    max_leaves=30,
+)
+
+
+def _stdlib(value: Any, sort_keys: bool) -> bytes:
+    return json.dumps(value, sort_keys=sort_keys, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+@given(_VALUES, st.booleans())
+def test_what_is_written_reads_back_equal_by_either_decoder(value: Any, sort_keys: bool) -> None:
+    written = jsonbytes.dumps(value, sort_keys=sort_keys)
+    assert jsonbytes.loads(written) == value
+    assert json.loads(written) == value
+
+
+@given(_VALUES)
+def test_what_the_standard_library_wrote_reads_the_same(value: Any) -> None:
+    for old in (_stdlib(value, True), json.dumps(value).encode("utf-8")):  # escaped ASCII too
+        decoded = jsonbytes.loads(old)
+        assert decoded == json.loads(old)
+        assert type(decoded) is type(value)
+
+
+_LONGS = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+
+
+@given(st.dictionaries(st.text(), _LONGS | st.text(), max_size=8))
+def test_sorted_output_is_the_standard_librarys_byte_for_byte(value: dict[str, Any]) -> None:
+    assert jsonbytes.dumps(value, sort_keys=True) == _stdlib(value, True)
+
+
+def test_integers_beyond_64_bits_keep_their_value_both_ways() -> None:
+    spec = {"seed": 2**70, "negative": -(2**64) - 5, "nested": [{"n": 10**25}]}
+    written = jsonbytes.dumps(spec, sort_keys=True)
+    assert written == _stdlib(spec, True)
+    back = jsonbytes.loads(written)
+    assert back == spec and type(back["seed"]) is int
+
+
+def test_non_string_keys_are_written_as_the_standard_library_writes_them() -> None:
+    assert jsonbytes.dumps({1: "a", "b": 2}, sort_keys=False) == b'{"1":"a","b":2}'
+
+
+@pytest.mark.parametrize("text", [b"{", b"NaN", b"Infinity", b"\xff", b"", "[1,]"])
+def test_what_is_not_json_is_a_value_error(text: bytes | str) -> None:
+    with pytest.raises(ValueError):
+        jsonbytes.loads(text)
+
+
+def test_what_json_cannot_hold_is_a_type_error() -> None:
+    with pytest.raises(TypeError):
+        jsonbytes.dumps({"when": object()})
