@@ -30,8 +30,10 @@ __all__ = ["dumps", "loads"]
 
 _PLAIN = orjson.OPT_NON_STR_KEYS
 _SORTED = orjson.OPT_NON_STR_KEYS | orjson.OPT_SORT_KEYS
-# 2**63 has 19 digits: any shorter run of digits is an integer orjson reads exactly.
-_LONG_DIGITS = re.compile(rb"\d{19}")
+# 2**63 has 19 digits: any shorter run of digits is an integer orjson reads exactly. One pattern
+# for bytes and one for text, so that text (a run's executionSpec) is not encoded just to scan it.
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+_LONG_DIGITS_TEXT = re.compile(r"[0-9]{19}")
 
 
 def dumps(value: Any, *, sort_keys: bool = False) -> bytes:
@@ -47,7 +49,7 @@ def dumps(value: Any, *, sort_keys: bool = False) -> bytes:
 
 def loads(raw: bytes | str) -> Any:
     """The value of a JSON document; a ValueError (json.JSONDecodeError) when it is not one."""
-    data = raw.encode("utf-8") if isinstance(raw, str) else raw
-    if _LONG_DIGITS.search(data) is not None:
-        return json.loads(data)
-    return orjson.loads(data)
+    found = _LONG_DIGITS_TEXT.search(raw) if isinstance(raw, str) else _LONG_DIGITS.search(raw)
+    if found is not None:
+        return json.loads(raw)
+    return orjson.loads(raw)

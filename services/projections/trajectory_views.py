@@ -27,7 +27,7 @@ from services.common.contracts import (
 )
 from services.common.sequencing import Sequencing, sequence
 from services.saga_orchestrator.domain import StepState, StepStatus, TrajectoryState, evolve
-from services.saga_orchestrator.state_codec import decode_state, encode_state
+from services.saga_orchestrator.state_codec import state_from_record, state_record
 
 __all__ = [
     "MAX_DECISIONS",
@@ -326,7 +326,7 @@ def open_incident(fold: TrajectoryFold) -> dict[str, Any] | None:
 def encode_fold(fold: TrajectoryFold) -> bytes:
     return jsonbytes.dumps(
         {
-            "state": jsonbytes.loads(encode_state(fold.state)),
+            "state": state_record(fold.state),
             "startedAt": fold.started_at,
             "updatedAt": fold.updated_at,
             "decisions": list(fold.decisions),
@@ -341,7 +341,7 @@ def encode_fold(fold: TrajectoryFold) -> bytes:
 def decode_fold(raw: bytes) -> TrajectoryFold:
     data = jsonbytes.loads(raw)
     return TrajectoryFold(
-        state=decode_state(jsonbytes.dumps(data["state"])),
+        state=state_from_record(data["state"]),
         started_at=int(data["startedAt"]),
         updated_at=int(data["updatedAt"]),
         decisions=tuple(data["decisions"]),

@@ -9,7 +9,7 @@ from services.common import jsonbytes
 from services.saga_orchestrator.domain.lifecycle import StepStatus, TrajectoryStatus
 from services.saga_orchestrator.domain.state import Incident, StepState, TrajectoryState
 
-__all__ = ["decode_state", "encode_state"]
+__all__ = ["decode_state", "encode_state", "state_from_record", "state_record"]
 
 
 def _plain(value: Any) -> Any:
@@ -24,12 +24,23 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def state_record(state: TrajectoryState) -> dict[str, Any]:
+    """The state as a JSON-able dict: what `encode_state` writes, for documents that embed it
+    (the trajectory view's fold), so they need not encode it to text and parse it back."""
+    record: dict[str, Any] = _plain(state)
+    return record
+
+
 def encode_state(state: TrajectoryState) -> bytes:
-    return jsonbytes.dumps(_plain(state))
+    return jsonbytes.dumps(state_record(state))
 
 
 def decode_state(raw: bytes) -> TrajectoryState:
-    data = jsonbytes.loads(raw)
+    return state_from_record(jsonbytes.loads(raw))
+
+
+def state_from_record(record: dict[str, Any]) -> TrajectoryState:
+    data = dict(record)
     steps = tuple(
         StepState(**{**s, "status": StepStatus(s["status"]), "signatures": tuple(s["signatures"])})
         for s in data.pop("steps")
