@@ -18,6 +18,10 @@ of every aggregate (each step can be cut by SIGKILL):
      raises is set aside (services/common/poison.py): dead-lettered and refused in the batch's
      transaction, and the batch goes on. A timer tick decides every due timer the same way; a
      timer whose work raises is dead-lettered and skipped until its aggregate changes.
+     A definition with a `keepalive_topic` may keep a decision off its events topic (a lease
+     renewal): its one event goes to that topic in step 3 and is kept in memory, and the next
+     other decision or timer work puts it on the events topic first (keepalives.py, with the
+     argument why a restore loses none of them).
   3. One Kafka transaction: the events, the refusals, the dead letters and the transaction
      outputs of the batch (`transaction_outputs`) land together or not at all. Then the
      `published_outputs` of its events, naming each event's exact offset, are published
@@ -211,7 +215,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
         """After the fold: the kept events still live, from the keepalive topic's low-water mark
         to its end (keepalives.py), with their timer index entries."""
         start, end = self.checkpoint(partition, topic), self._log.end_offset(topic, partition)
-        records = self._log.read(topic, partition, start) if start < end else ()
+        records = self._log.read(topic, partition, start) if 0 <= start < end else ()
         kept = read_kept(self.definition, records, self._restorer.decode_logged, self.load, partition)
         changes = self._changes()
         changes.kept = kept
