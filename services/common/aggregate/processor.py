@@ -268,7 +268,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
             # Reads of the store stay outside the guard: their failure is the infrastructure's.
             aggregate_id = d.aggregate_id(command)
             state = self._state(changes, aggregate_id)
-            kept = self._kept_of(changes, aggregate_id)
+            kept = self._kept.of(changes, aggregate_id)
             context = changes.context.decide_context(command, state)
             partition = changes.partition(aggregate_id, record.partition)
             try:
@@ -297,7 +297,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
                 outcome.duplicates += 1  # decided before: nothing new happens
             else:
                 changes.settle(partition, aggregate_id, state, decided.after)
-                self._settle_kept(changes, aggregate_id, decided.unkept)
+                self._kept.settle(changes, aggregate_id, decided.unkept)
                 events.extend(decided.events)
                 outcome.events += len(decided.events)
                 outcome.accepted += 1
@@ -417,7 +417,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
                     continue
                 if decided.events and decided.after is not None:
                     changes.settle(partition, aggregate_id, state, decided.after)
-                    self._settle_kept(changes, aggregate_id, decided.unkept)
+                    self._kept.settle(changes, aggregate_id, decided.unkept)
                     out.extend(decided.written)
                     events.extend(decided.events)
                 else:
@@ -443,24 +443,13 @@ class AggregateProcessor(Generic[S, C, E, X]):
         """The due timers of the state the aggregate's decisions see: with a kept event, the state
         after it, which then goes on the events topic first (keepalives.py)."""
         d = self.definition
-        kept = self._kept_of(changes, aggregate_id)
+        kept = self._kept.of(changes, aggregate_id)
         if kept is None:
             return self._evolve(aggregate_id, partition, state, d.decide_timers(state, now), changes)
         due = d.decide_timers(d.evolve(state, kept.event), now)
         decided = self._evolve(aggregate_id, partition, state, (kept.event, *due) if due else (), changes)
         decided.unkept = bool(due)
         return decided
-
-    def _kept_of(self, changes: Changes[S, E], aggregate_id: str) -> Kept[S, E] | None:
-        if aggregate_id in changes.kept:
-            return changes.kept[aggregate_id]
-        return None if aggregate_id in changes.unkept else self._kept.get(aggregate_id)
-
-    @staticmethod
-    def _settle_kept(changes: Changes[S, E], aggregate_id: str, unkept: bool) -> None:
-        if unkept:
-            changes.kept.pop(aggregate_id, None)
-            changes.unkept.add(aggregate_id)
 
     def _set_timer_aside(
         self, partition: int, aggregate_id: str, state: S, due: int, exc: Exception
