@@ -197,18 +197,12 @@ class DecisionListener(DecisionBook):
         topics: Sequence[str] = (RUNS_EVENTS.name, RUNS_REJECTIONS.name),
         event_types: tuple[type[Any], ...] = EVENT_TYPES,
         client_id: str = "tenure-api-decisions",
-        kept_topics: Sequence[str] = (),
     ) -> None:
-        """Follows `topics` (an aggregate's events, rejections and kept decisions) from their end.
-
-        A record of `kept_topics` (decisions kept off the events topic, services/common/aggregate/
-        keepalives.py: a renewal on runs.renewals) answers its command, but its version is not
-        heard: it is not on the events topic, and no view will ever fold it."""
+        """Follows `topics` (an aggregate's events and rejections) from their end."""
         super().__init__()
         self._codec = codec
         self._event_types = event_types
         self._topics = tuple(topics)
-        self._kept_topics = frozenset(kept_topics)
         self._stop = threading.Event()
         self._polled_at = time.monotonic()
         self._failure: str | None = None
@@ -254,8 +248,7 @@ class DecisionListener(DecisionBook):
                 if isinstance(message, CommandRejected):
                     self.deliver(message.causation_id, Rejected(message))
                 elif isinstance(message, self._event_types):
-                    if record.topic not in self._kept_topics:
-                        self.heard(message.run_id, message.version)
+                    self.heard(message.run_id, message.version)
                     self.deliver(message.causation_id, Decided(message))
         self._follower.close()
 

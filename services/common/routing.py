@@ -120,3 +120,4 @@ def schedule_command_record(codec: MessageCodec, command: ScheduleCommand) -> Ou
     """A schedule command on its schedule's partition of schedules.commands."""
     partition = partition_for_schedule(command.run_id)
     return _writable(codec.outbound(SCHEDULES_COMMANDS.name, command.run_id, command, partition))
+

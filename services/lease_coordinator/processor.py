@@ -32,18 +32,16 @@ from services.common.contracts import (
     COMMAND_TYPES,
     EVENT_TYPES,
     ClaimRun,
-    LeaseRenewed,
     RunCommand,
     RunEvent,
     SubmitRun,
 )
 from services.common.eventlog import EventLog
-from services.common.frozen import replace as replace_fields
 from services.common.health import ProcessorMetrics
 from services.common.messages import MessageCodec
 from services.common.routing import partition_for_run
 from services.common.store import KeyValueStore
-from services.common.topics import RUNS_COMMANDS, RUNS_EVENTS, RUNS_REJECTIONS, RUNS_RENEWALS, RUNS_STATES
+from services.common.topics import RUNS_COMMANDS, RUNS_EVENTS, RUNS_REJECTIONS, RUNS_STATES
 from services.lease_coordinator.domain import (
     DEFAULT_POLICY,
     LeasePolicy,
@@ -53,7 +51,6 @@ from services.lease_coordinator.domain import (
     decide,
     decide_timers,
     evolve,
-    is_keepalive,
     next_timer_at,
     rejection_event,
     reservations,
@@ -171,8 +168,6 @@ class RunDefinition(AggregateDefinition[RunState, RunCommand, RunEvent, Admissio
     events_topic = RUNS_EVENTS.name
     rejections_topic = RUNS_REJECTIONS.name
     changelog_topic = RUNS_STATES.name
-    # Renewals of an active lease between two on runs.events (LeasePolicy.keepalive_fraction).
-    keepalive_topic = RUNS_RENEWALS.name
     # The layout of encode_state's JSON: a restore ignores changelog states of another one.
     state_format = STATE_FORMAT
     command_types = COMMAND_TYPES
@@ -198,17 +193,6 @@ class RunDefinition(AggregateDefinition[RunState, RunCommand, RunEvent, Admissio
 
     def evolve(self, state: RunState | None, event: RunEvent) -> RunState:
         return evolve(state, event)
-
-    def is_keepalive(self, durable: RunState, events: Sequence[RunEvent]) -> bool:
-        return is_keepalive(durable, events, self.policy)
-
-    def replaces_kept(self, events: Sequence[RunEvent]) -> bool:
-        # A renewal's event holds the command's sequence and `now + TTL`: what a kept renewal
-        # changed (the last sequence, the expiry) only decided whether it was accepted.
-        return len(events) == 1 and isinstance(events[0], LeaseRenewed) and not events[0].run_started
-
-    def at_version(self, state: RunState, version: int) -> RunState:
-        return replace_fields(state, version=version)
 
     def expected_partition(self, aggregate_id: str) -> int:
         return partition_for_run(aggregate_id, RUNS_COMMANDS.partitions)

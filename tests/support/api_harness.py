@@ -174,7 +174,7 @@ class InMemoryTenure:
 
     def reachable(self, timeout_s: float = 0.5) -> str | None:
         if self.mode == "down":
-            return 'KafkaError{code=_TRANSPORT,val=-195,str="all brokers down"}'
+            return "KafkaError{code=_TRANSPORT,val=-195,str=\"all brokers down\"}"
         return self.kafka_error
 
     def close(self, timeout_s: float = 10.0) -> None:
