@@ -19,11 +19,13 @@ per item, in the order given:
   the others were published. The answer also counts each status (`accepted`, `refused`, ...).
 
 Why one request is cheaper than N: the caller is authenticated once, the holder check reads
-every run's brief in one hop to a worker thread, all RenewLease commands are handed to the
-producer back to back in one synchronous loop (librdkafka carries them in the same produce
-batches), and all decisions are awaited together under the request's one deadline. Each item
-is still its own RenewLease command, fenced and decided exactly as a single heartbeat is
-(LEASE-3, LEASE-5), so the coordinator's safety rules are unchanged.
+every run's brief in one hop to a worker thread, the RenewLease commands travel in one
+RenewLeases record per runs.commands partition (services.common.routing: one record to encode,
+produce, store, fetch and decode instead of hundreds), and all decisions are awaited together
+under the request's one deadline, with one wake-up when the last arrives. Each item is still
+its own RenewLease command, with its own command id, fenced and decided exactly as a single
+heartbeat is (LEASE-3, LEASE-5), so the coordinator's safety rules are unchanged. A record
+Kafka did not take makes each of its items `unavailable`.
 
 What is refused as a whole (nothing is published): a body over TENURE_MAX_BODY_BYTES (413, the
 HTTP guard), more than MAX_BATCH_RENEWALS items, none, the same attemptId twice, or any item
@@ -47,7 +49,7 @@ from services.command_api.problems import CATALOG, REJECTION_PROBLEMS
 from services.common.contracts import RenewLease
 from services.common.contracts.ids import run_id_of_attempt
 from services.common.decisions import Decided, Decision, Rejected
-from services.common.routing import command_record
+from services.common.routing import renewal_batch_records
 
 __all__ = [
     "MAX_BATCH_RENEWALS",
@@ -168,11 +170,12 @@ def add_batch_renewal(router: APIRouter, ctx: ApiContext) -> None:
                     runId=run_id,
                 )
                 del run_of[index]
+        issued_at = ctx.deps.clock.now_ms()  # one request, one issuedAt: its envelopes carry one
         commands = {
             index: RenewLease(
                 command_id=f"cmd_{uuid.uuid4().hex}",  # each request its own command, as a heartbeat
                 run_id=run_id,
-                issued_at=ctx.deps.clock.now_ms(),
+                issued_at=issued_at,
                 correlation_id=items[index].attemptId,
                 actor=who.name,
                 attempt_id=items[index].attemptId,
@@ -202,7 +205,8 @@ def add_batch_renewal(router: APIRouter, ctx: ApiContext) -> None:
 
 
 async def _publish_all(ctx: ApiContext, commands: dict[int, RenewLease]) -> dict[int, Decision | str | None]:
-    """Every command published back to back, then every decision awaited under one deadline.
+    """Every command published in RenewLeases envelopes (one record per partition), then every
+    decision awaited together under one deadline, with one wake-up for the whole batch.
 
     An item is a Decision, None (durable, undecided in time) or why it is not durable (str).
     No command acknowledged at all is an outage of the whole request: 503 Retry-After."""
@@ -211,44 +215,45 @@ async def _publish_all(ctx: ApiContext, commands: dict[int, RenewLease]) -> dict
     d = ctx.deps
     loop = asyncio.get_running_loop()
     deadline = loop.time() + ctx.remaining()
-    waiting = {index: d.decisions.register(c.command_id) for index, c in commands.items()}
+    index_of = {command.command_id: index for index, command in commands.items()}
+    group = d.decisions.register_many(list(index_of))
     try:
-        produced: dict[int, Future[int] | str] = {}
-        for index, command in commands.items():  # no await in between: one produce burst
+        envelopes = renewal_batch_records(d.codec, list(commands.values()), f"renew_{uuid.uuid4().hex}")
+        produced: list[tuple[Future[int] | str, tuple[RenewLease, ...]]] = []
+        for record, carried in envelopes:  # no await in between: one produce burst
             try:
-                produced[index] = d.publisher.publish(command_record(d.codec, command))
+                produced.append((d.publisher.publish(record), carried))
             except BufferError:
-                produced[index] = "the producer's queue is full; not sent"
+                produced.append(("the producer's queue is full; not sent", carried))
             except Exception as exc:
-                produced[index] = f"Kafka refused the command: {exc}"
-        acks = {
-            i: asyncio.shield(asyncio.wrap_future(f)) for i, f in produced.items() if not isinstance(f, str)
-        }
+                produced.append((f"Kafka refused the command: {exc}", carried))
+        # shield: giving up at the deadline must not cancel the producer's Futures.
+        acks = [(asyncio.shield(asyncio.wrap_future(f)), c) for f, c in produced if not isinstance(f, str)]
         if acks:
-            await asyncio.wait(acks.values(), timeout=max(0.0, deadline - loop.time()))
-        outcome: dict[int, Decision | str | None] = {}
-        for index, ack in acks.items():
+            await asyncio.wait([ack for ack, _ in acks], timeout=max(0.0, deadline - loop.time()))
+        failures = [(f, c) for f, c in produced if isinstance(f, str)]
+        for ack, carried in acks:
             if not ack.done():
-                outcome[index] = "Kafka did not acknowledge it in time; it may still be recorded"
+                failures.append(("Kafka did not acknowledge it in time; it may still be recorded", carried))
             elif ack.exception() is not None:
-                outcome[index] = f"Kafka did not take it: {ack.exception()}"
-        for index, failure in produced.items():
-            if isinstance(failure, str):
-                outcome[index] = failure
+                failures.append((f"Kafka did not take it: {ack.exception()}", carried))
+        outcome: dict[int, Decision | str | None] = {
+            index_of[command.command_id]: why for why, carried in failures for command in carried
+        }
         if len(outcome) == len(commands):
             raise ctx.unavailable(
                 "Kafka acknowledged none of the renewals; sending the same batch again is safe "
                 "(a repeated sequence is answered as a replay)"
             )
-        durable = {i: waiting[i] for i in commands if i not in outcome}
-        await asyncio.wait(durable.values(), timeout=max(0.0, deadline - loop.time()))
-        for index, future in durable.items():
-            outcome[index] = future.result() if future.done() else None
+        d.decisions.release(group, [c.command_id for _, carried in failures for c in carried])
+        await asyncio.wait([group.done], timeout=max(0.0, deadline - loop.time()))
+        decided = d.decisions.decided(group)
+        for command_id, index in index_of.items():
+            if index not in outcome:
+                outcome[index] = decided.get(command_id)
         return outcome
     finally:
-        for index, future in waiting.items():
-            if not future.done():
-                d.decisions.forget(commands[index].command_id, future)
+        d.decisions.release(group, list(index_of))
 
 
 def _is_replay(decision: Decision | str | None) -> bool:

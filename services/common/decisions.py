@@ -29,6 +29,7 @@ __all__ = [
     "Decided",
     "Decision",
     "DecisionBook",
+    "DecisionGroup",
     "DecisionListener",
     "FollowerHealth",
     "NotDurable",
@@ -86,6 +87,18 @@ class FollowerHealth:
     lag: int | None = None
 
 
+class DecisionGroup:
+    """The decisions of many commands awaited together (a batch renewal's, issue 16): the
+    follower wakes the waiting request once, when the last of them arrives, instead of once per
+    command. Read what arrived with `DecisionBook.decided`, at any time."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, command_ids: Sequence[str]) -> None:
+        self.done: asyncio.Future[None] = loop.create_future()
+        self._loop = loop
+        self._pending = set(command_ids)
+        self._decided: dict[str, Decision] = {}
+
+
 class DecisionBook:
     """Waiters by command id and the decisions seen recently (no Kafka here).
 
@@ -97,6 +110,7 @@ class DecisionBook:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[Decision]]]] = {}
+        self._grouped: dict[str, DecisionGroup] = {}  # command id -> the group waiting for it
         self._recent: OrderedDict[str, Decision] = OrderedDict()
         self._versions: OrderedDict[str, int] = OrderedDict()
         self._watchers: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[int], int]]] = {}
@@ -157,8 +171,50 @@ class DecisionBook:
             while len(self._recent) > _REMEMBERED:
                 self._recent.popitem(last=False)
             waiters = self._waiters.pop(command_id, [])
+            group = self._grouped.pop(command_id, None)
+            if group is not None:
+                group._decided[command_id] = decision
+                group._pending.discard(command_id)
+                if group._pending:
+                    group = None  # more to come: no wake-up yet
         for loop, future in waiters:
             loop.call_soon_threadsafe(_resolve, future, decision)
+        if group is not None:
+            group._loop.call_soon_threadsafe(_resolve, group.done, None)
+
+    def register_many(self, command_ids: Sequence[str]) -> DecisionGroup:
+        """One group for the decisions of `command_ids` (distinct, and in no other group); its
+        `done` resolves once every one is decided or released. Register before publishing."""
+        group = DecisionGroup(asyncio.get_running_loop(), command_ids)
+        with self._lock:
+            for command_id in command_ids:
+                known = self._recent.get(command_id)
+                if known is not None:
+                    group._decided[command_id] = known
+                    group._pending.discard(command_id)
+                else:
+                    self._grouped[command_id] = group
+            complete = not group._pending
+        if complete:
+            group.done.set_result(None)
+        return group
+
+    def release(self, group: DecisionGroup, command_ids: Sequence[str]) -> None:
+        """Stop waiting in `group` for `command_ids` (e.g. never published, so never decided);
+        `group.done` resolves now if nothing else is pending. Call it on the group's loop."""
+        with self._lock:
+            for command_id in command_ids:
+                if self._grouped.get(command_id) is group:
+                    del self._grouped[command_id]
+                group._pending.discard(command_id)
+            complete = not group._pending
+        if complete:
+            _resolve(group.done, None)
+
+    def decided(self, group: DecisionGroup) -> dict[str, Decision]:
+        """The group's decisions that have arrived so far, by command id."""
+        with self._lock:
+            return dict(group._decided)
 
     def register(self, command_id: str) -> asyncio.Future[Decision]:
         """A future for the decision of `command_id`; register before publishing the command."""

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 
-from services.common.contracts import RunCommand, TrajectoryCommand, WatchdogCommand
+from services.common.contracts import RenewLease, RenewLeases, RunCommand, TrajectoryCommand, WatchdogCommand
 from services.common.contracts.breakers import ENDPOINT_ID_PATTERN, BreakerCommand
 from services.common.contracts.schedules import ScheduleCommand
 from services.common.ids import is_run_id
@@ -47,6 +48,7 @@ __all__ = [
     "partition_for_endpoint",
     "partition_for_run",
     "partition_for_schedule",
+    "renewal_batch_records",
     "schedule_command_record",
     "trajectory_command_record",
 ]
@@ -76,6 +78,41 @@ def _writable(record: OutboundRecord) -> OutboundRecord:
 def command_record(codec: MessageCodec, command: RunCommand) -> OutboundRecord:
     partition = partition_for_run(command.run_id)
     return _writable(codec.outbound(RUNS_COMMANDS.name, command.run_id, command, partition))
+
+
+def renewal_batch_records(
+    codec: MessageCodec, commands: Sequence[RenewLease], correlation_id: str
+) -> list[tuple[OutboundRecord, tuple[RenewLease, ...]]]:
+    """RenewLeases envelopes carrying `commands` (one request's: one issuedAt, one actor), each
+    with the commands it carries: one record per partition their runs route to, split further
+    only if a record would be too large for Kafka. Order within a partition is kept.
+
+    One record instead of hundreds is what the broker stores and the coordinator consumes; each
+    command inside is still decided as itself (services/lease_coordinator/processor.py)."""
+    by_partition: dict[int, list[RenewLease]] = {}
+    for command in commands:
+        by_partition.setdefault(partition_for_run(command.run_id), []).append(command)
+    records: list[tuple[OutboundRecord, tuple[RenewLease, ...]]] = []
+    for partition, group in sorted(by_partition.items()):
+        records.extend(_envelopes(codec, partition, tuple(group), correlation_id))
+    return records
+
+
+def _envelopes(
+    codec: MessageCodec, partition: int, batch: tuple[RenewLease, ...], correlation_id: str
+) -> list[tuple[OutboundRecord, tuple[RenewLease, ...]]]:
+    envelope = RenewLeases.of(f"batch_{batch[0].command_id}", correlation_id, batch)
+    try:
+        record = _writable(codec.outbound(RUNS_COMMANDS.name, envelope.run_id, envelope, partition))
+    except RecordTooLarge:
+        if len(batch) == 1:
+            raise
+        half = len(batch) // 2
+        return [
+            *_envelopes(codec, partition, batch[:half], correlation_id),
+            *_envelopes(codec, partition, batch[half:], correlation_id),
+        ]
+    return [(record, batch)]
 
 
 def trajectory_command_record(codec: MessageCodec, command: TrajectoryCommand) -> OutboundRecord:
@@ -120,4 +157,3 @@ def schedule_command_record(codec: MessageCodec, command: ScheduleCommand) -> Ou
     """A schedule command on its schedule's partition of schedules.commands."""
     partition = partition_for_schedule(command.run_id)
     return _writable(codec.outbound(SCHEDULES_COMMANDS.name, command.run_id, command, partition))
-

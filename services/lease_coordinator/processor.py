@@ -9,7 +9,9 @@ processor.py). What is the Run's own:
     stored `tenant/<tenant>/<partition>` counts and what the batch has changed so far, and
     persists the batch's changes to those counts in the batch's one store write;
   * routing: a run's commands must arrive on its tenant shard's partition (services.common.
-    routing), or they are counted as misrouted.
+    routing), or they are counted as misrouted;
+  * RenewLeases envelopes (issue 16): a batch renewal's RenewLease commands of one partition
+    in one record, each decided as if it had come alone (services/common/aggregate/envelopes.py).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from services.common.contracts import (
     COMMAND_TYPES,
     EVENT_TYPES,
     ClaimRun,
+    RenewLeases,
     RunCommand,
     RunEvent,
     SubmitRun,
@@ -171,6 +174,8 @@ class RunDefinition(AggregateDefinition[RunState, RunCommand, RunEvent, Admissio
     # The layout of encode_state's JSON: a restore ignores changelog states of another one.
     state_format = STATE_FORMAT
     command_types = COMMAND_TYPES
+    # A runner host's renewals of one partition's runs in one record (services.common.routing).
+    envelope_types = (RenewLeases,)
     event_types = EVENT_TYPES
     command_kind = "Run command"
     layout = LAYOUT
@@ -193,6 +198,9 @@ class RunDefinition(AggregateDefinition[RunState, RunCommand, RunEvent, Admissio
 
     def evolve(self, state: RunState | None, event: RunEvent) -> RunState:
         return evolve(state, event)
+
+    def commands_in(self, envelope: RenewLeases) -> Sequence[RunCommand]:
+        return envelope.commands()
 
     def expected_partition(self, aggregate_id: str) -> int:
         return partition_for_run(aggregate_id, RUNS_COMMANDS.partitions)

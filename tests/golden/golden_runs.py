@@ -121,6 +121,29 @@ SAMPLES: dict[tuple[str, int], dict[str, Any]] = {
         "leaseEpoch": 1,
         "sequence": 3,
     },
+    ("tenure.runs.commands.RenewLeases", 1): {
+        **_HOLDER_COMMAND,
+        "commandId": "batch_cmd-renew-4",
+        "correlationId": "renew_req-1",
+        "renewals": [
+            {
+                "commandId": "cmd-renew-4",
+                "runId": _COMMAND["runId"],
+                "correlationId": "att-0001-1",
+                "attemptId": "att-0001-1",
+                "leaseEpoch": 1,
+                "sequence": 4,
+            },
+            {
+                "commandId": "cmd-renew-5",
+                "runId": _COMMAND["runId"],
+                "correlationId": "att-0002-1",
+                "attemptId": "att-0002-1",
+                "leaseEpoch": 2,
+                "sequence": 9,
+            },
+        ],
+    },
     ("tenure.runs.commands.ReportAttempt", 1): {
         **_HOLDER_COMMAND,
         "commandId": "cmd-report-1",

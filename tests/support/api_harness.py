@@ -45,6 +45,7 @@ from services.common.contracts import (
     CommandRejected,
     InterventionIssued,
     RecordCallOutcome,
+    RenewLeases,
     RunCommand,
 )
 from services.common.decisions import Decided, DecisionBook, FollowerHealth, Rejected
@@ -153,7 +154,8 @@ class InMemoryTenure:
         self.run_states: dict[str, Any] = {}
         self.trajectory_states: dict[str, Any] = {}
         self.rejected: set[str] = set()
-        self.commands: list[Any] = []  # every command the API published, decoded
+        self.commands: list[Any] = []  # every command the API published, decoded (envelopes opened)
+        self.envelopes: list[RenewLeases] = []  # the RenewLeases records among them, as published
         self.mode = "up"  # up | down | queue_full | undecided
         self.kafka_error: str | None = None
         self._parked: list[tuple[OutboundRecord, Future[int]]] = []
@@ -174,7 +176,7 @@ class InMemoryTenure:
 
     def reachable(self, timeout_s: float = 0.5) -> str | None:
         if self.mode == "down":
-            return "KafkaError{code=_TRANSPORT,val=-195,str=\"all brokers down\"}"
+            return 'KafkaError{code=_TRANSPORT,val=-195,str="all brokers down"}'
         return self.kafka_error
 
     def close(self, timeout_s: float = 10.0) -> None:
@@ -194,7 +196,11 @@ class InMemoryTenure:
             self._offset += 1
             offset = self._offset
             message = self.codec.decode(record.value)
-            self.commands.append(message)
+            if isinstance(message, RenewLeases):
+                self.envelopes.append(message)
+                self.commands.extend(message.commands())
+            else:
+                self.commands.append(message)
             if isinstance(message, BlockChanged):
                 self.blocks.apply(message)
             elif self.mode != "undecided":
@@ -204,6 +210,9 @@ class InMemoryTenure:
                     self._decide_trajectory(message)
                 elif isinstance(message, WATCHDOG_COMMAND_TYPES):
                     self._decide_watchdog(message)
+                elif isinstance(message, RenewLeases):  # opened as the coordinator opens it
+                    for command in message.commands():
+                        self._decide_run(command)
                 else:
                     self._decide_run(message)
         if not future.done():

@@ -112,7 +112,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
 # naming them here one by one keeps test_samples_cover_every_record_name a real check that a new
 # schema gets a sample.
 _LEASE_COMMANDS = (
-    "ClaimRun RenewLease ReportAttempt TakeOverLease RecordEffectIntent RecordEffectOutcome"
+    "ClaimRun RenewLease RenewLeases ReportAttempt TakeOverLease RecordEffectIntent RecordEffectOutcome"
     " RequestUploadGrant"
 )
 _LEASE_EVENTS = (

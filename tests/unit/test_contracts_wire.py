@@ -38,6 +38,7 @@ from services.common.contracts import (
     WATCHDOG_EVENT_TYPES,
     ArtifactEntry,
     AttemptReported,
+    BatchedRenewal,
     BlockChanged,
     ClaimRun,
     CommandRejected,
@@ -46,6 +47,7 @@ from services.common.contracts import (
     RecordEffectIntent,
     RecordEffectOutcome,
     RenewLease,
+    RenewLeases,
     ReportAttempt,
     RequestInput,
     RequestUploadGrant,
@@ -67,6 +69,7 @@ REGISTRY = SchemaRegistry.from_directory(SCHEMA_DIR)
 CODEC = MessageCodec(REGISTRY)
 ALL_TYPES: tuple[type[Any], ...] = (
     *COMMAND_TYPES,
+    RenewLeases,  # an envelope of RenewLease commands (issue 16), not one of the Run's commands
     *EVENT_TYPES,
     CommandRejected,
     BlockChanged,
@@ -84,7 +87,10 @@ ALL_TYPES: tuple[type[Any], ...] = (
 )
 
 # Nested Avro records and their contract types, by Avro full name.
-NESTED_TYPES: dict[str, type[Any]] = {"tenure.runs.ArtifactEntry": ArtifactEntry}
+NESTED_TYPES: dict[str, type[Any]] = {
+    "tenure.runs.ArtifactEntry": ArtifactEntry,
+    "tenure.runs.commands.BatchedRenewal": BatchedRenewal,
+}
 
 # Wire defaults the Python type deliberately does not repeat: a rejection must always say
 # whether the Run existed, so the processor has to pass current_status explicitly.

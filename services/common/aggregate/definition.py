@@ -157,6 +157,10 @@ class AggregateDefinition(ABC, Generic[S, C, E, X]):
     command_types: tuple[type[Any], ...]
     event_types: tuple[type[Any], ...]
     command_kind: str
+    # Envelopes: record types that carry several of this aggregate's commands, for aggregates of
+    # one partition (e.g. a runner host's renewals, issue 16). `commands_in` opens one before
+    # anything is decided, and each command inside is decided exactly as if it had come alone.
+    envelope_types: tuple[type[Any], ...] = ()
     layout: StoreLayout
     state_codec: StateCodec[S]
     # True: the runtime keeps a timer index from `next_timer_at` and `tick` runs `decide_timers`.
@@ -218,6 +222,10 @@ class AggregateDefinition(ABC, Generic[S, C, E, X]):
         return {}
 
     # --- routing, timers, context, side outputs (optional) -------------------------------------
+
+    def commands_in(self, envelope: Any) -> Sequence[C]:
+        """The commands an envelope (one of `envelope_types`) carries, in order."""
+        raise TypeError(f"{type(self).__name__} opens no {type(envelope).__name__}")
 
     def expected_partition(self, aggregate_id: str) -> int | None:
         """The partition this aggregate's commands must arrive on, or None for no rule. Raises

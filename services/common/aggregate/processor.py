@@ -49,6 +49,7 @@ from typing import Generic, TypeVar
 from services.common.aggregate import changelog
 from services.common.aggregate.changes import BatchOutcome, Changes, Decided
 from services.common.aggregate.definition import AggregateDefinition, Refused, Transition
+from services.common.aggregate.envelopes import open_envelope
 from services.common.aggregate.restore import PartitionRestorer
 from services.common.avro import SchemaRegistryError
 from services.common.clock import Clock
@@ -217,7 +218,6 @@ class AggregateProcessor(Generic[S, C, E, X]):
             self._on_changed(states)
 
     def _handle(self, records: Sequence[InboundRecord]) -> tuple[BatchOutcome, list[S]]:
-        d = self.definition
         handling_started = time.monotonic()
         outcome = self.outcome_type()
         for partition in sorted({r.partition for r in records} - self._restored):
@@ -227,49 +227,66 @@ class AggregateProcessor(Generic[S, C, E, X]):
         out: list[OutboundRecord] = []
         events: list[tuple[E, int]] = []
         for record in records:
-            outcome.commands += 1
-            command = self._command_of(record, out)
-            if command is None:
+            commands = self._commands_of(record, out)
+            if not commands:
+                outcome.commands += 1
                 outcome.deadlettered += 1
                 continue
-            command_id = d.command_id(command)
-            if command_id in changes.rejected or self._store.get(self._layout.rejected_key(command_id)):
-                outcome.duplicates += 1  # refused once, refused for good: the caller has its answer
-                continue
-            # Reads of the store stay outside the guard: their failure is the infrastructure's.
-            aggregate_id = d.aggregate_id(command)
-            state = self._state(changes, aggregate_id)
-            context = changes.context.decide_context(command, state)
-            partition = changes.partition(aggregate_id, record.partition)
-            try:
-                # Tracing (issue 17): the decision continues the trace the command's headers
-                # carry, and its records (events, refusal) carry the decision's own context.
-                with decide_span(record, command):
-                    decided = self._decide_one(record, command, state, now, context, partition, changes)
-                    decided.written[:] = traced_records(decided.written)
-                    remember(aggregate_id)
-            except SchemaRegistryError:
-                raise  # the registry's outage, not the command's fault: retry the batch
-            except Exception as exc:
-                out += self._set_aside(record, command, state, exc, now)
-                changes.rejected.add(command_id)
-                outcome.failed += 1
-                continue
-            out.extend(decided.written)
-            if decided.refused:
-                changes.rejected.add(command_id)
-                outcome.rejections += 1
-            elif not decided.events or decided.after is None:
-                outcome.duplicates += 1  # decided before: nothing new happens
-            else:
-                changes.settle(partition, aggregate_id, state, decided.after)
-                events.extend(decided.events)
-                outcome.events += len(decided.events)
-                outcome.accepted += 1
+            for command in commands:  # one, or the commands of an envelope, each as if alone
+                outcome.commands += 1
+                self._decide_in_batch(record, command, now, changes, out, events, outcome)
         outcome.published = self._commit(out, events, changes)
         self.metrics.batch(outcome.by_outcome(), outcome.events)
         self.metrics.batch_took(time.monotonic() - handling_started)
         return outcome, list(changes.after.values())
+
+    def _decide_in_batch(
+        self,
+        record: InboundRecord,
+        command: C,
+        now: int,
+        changes: Changes[S, E],
+        out: list[OutboundRecord],
+        events: list[tuple[E, int]],
+        outcome: BatchOutcome,
+    ) -> None:
+        """Step 2 for one command: decided against the batch's working set, which changes only
+        if nothing raised; a command whose handling raises is set aside and the batch goes on."""
+        d = self.definition
+        command_id = d.command_id(command)
+        if command_id in changes.rejected or self._store.get(self._layout.rejected_key(command_id)):
+            outcome.duplicates += 1  # refused once, refused for good: the caller has its answer
+            return
+        # Reads of the store stay outside the guard: their failure is the infrastructure's.
+        aggregate_id = d.aggregate_id(command)
+        state = self._state(changes, aggregate_id)
+        context = changes.context.decide_context(command, state)
+        partition = changes.partition(aggregate_id, record.partition)
+        try:
+            # Tracing (issue 17): the decision continues the trace the command's headers
+            # carry, and its records (events, refusal) carry the decision's own context.
+            with decide_span(record, command):
+                decided = self._decide_one(record, command, state, now, context, partition, changes)
+                decided.written[:] = traced_records(decided.written)
+                remember(aggregate_id)
+        except SchemaRegistryError:
+            raise  # the registry's outage, not the command's fault: retry the batch
+        except Exception as exc:
+            out += self._set_aside(record, command, state, exc, now)
+            changes.rejected.add(command_id)
+            outcome.failed += 1
+            return
+        out.extend(decided.written)
+        if decided.refused:
+            changes.rejected.add(command_id)
+            outcome.rejections += 1
+        elif not decided.events or decided.after is None:
+            outcome.duplicates += 1  # decided before: nothing new happens
+        else:
+            changes.settle(partition, aggregate_id, state, decided.after)
+            events.extend(decided.events)
+            outcome.events += len(decided.events)
+            outcome.accepted += 1
 
     def _decide_one(
         self,
@@ -333,21 +350,26 @@ class AggregateProcessor(Generic[S, C, E, X]):
             log=d.log,
         )
 
-    def _command_of(self, record: InboundRecord, out: list[OutboundRecord]) -> C | None:
+    def _commands_of(self, record: InboundRecord, out: list[OutboundRecord]) -> Sequence[C]:
+        """The command in `record`, or the commands of the envelope it is; none after its dead
+        letter was appended to `out`."""
         d = self.definition
-        command: C | None = command_or_deadletter(
+        message = command_or_deadletter(
             self._codec,
             record,
-            d.command_types,
+            d.command_types + d.envelope_types,
             d.command_kind,
             out,
             d.deadletter_topic,
             d.log,
             self.metrics.deadlettered,
         )
-        if command is not None:
-            self._check_route(record, d.aggregate_id(command))
-        return command
+        if message is None:
+            return ()
+        if d.envelope_types and isinstance(message, d.envelope_types):
+            return open_envelope(d, record, message, out, self.metrics.deadlettered)
+        self._check_route(record, d.aggregate_id(message))
+        return (message,)
 
     def _check_route(self, record: InboundRecord, aggregate_id: str) -> None:
         # An aggregate's commands must all reach the partition its id routes to (services.

@@ -15,6 +15,7 @@ __all__ = [
     "ArtifactEntry",
     "AttemptClaimed",
     "AttemptReported",
+    "BatchedRenewal",
     "ClaimRun",
     "EffectIntentRecorded",
     "EffectOutcomeRecorded",
@@ -25,6 +26,7 @@ __all__ = [
     "RecordEffectIntent",
     "RecordEffectOutcome",
     "RenewLease",
+    "RenewLeases",
     "ReportAttempt",
     "RequestUploadGrant",
     "RunRequeued",
@@ -68,6 +70,71 @@ class RenewLease(CommandHeader):
     attempt_id: str
     lease_epoch: int
     sequence: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchedRenewal:
+    """One RenewLease of a RenewLeases batch (Avro record tenure.runs.commands.BatchedRenewal):
+    its own fields, without the ones the envelope carries for every entry."""
+
+    command_id: str
+    run_id: str
+    correlation_id: str
+    attempt_id: str
+    lease_epoch: int
+    sequence: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RenewLeases(CommandHeader):
+    """Many RenewLease commands in one record, for runs of one runs.commands partition (issue 16).
+
+    Not a command of the Run aggregate: a transport envelope. The coordinator opens it with
+    `commands()` and decides each entry as the RenewLease it is, by the entry's own command id,
+    so a batch is fenced, deduplicated and answered exactly as its heartbeats one by one would
+    be. `run_id` is the first entry's (the record key); `command_id` names the envelope."""
+
+    renewals: tuple[BatchedRenewal, ...]
+
+    def commands(self) -> tuple[RenewLease, ...]:
+        return tuple(
+            RenewLease(
+                command_id=entry.command_id,
+                run_id=entry.run_id,
+                issued_at=self.issued_at,
+                correlation_id=entry.correlation_id,
+                actor=self.actor,
+                attempt_id=entry.attempt_id,
+                lease_epoch=entry.lease_epoch,
+                sequence=entry.sequence,
+            )
+            for entry in self.renewals
+        )
+
+    @staticmethod
+    def of(command_id: str, correlation_id: str, commands: tuple[RenewLease, ...]) -> RenewLeases:
+        """The envelope of `commands`, which share one issuedAt and actor (as one request's do)."""
+        first = commands[0]
+        if any(c.issued_at != first.issued_at or c.actor != first.actor for c in commands):
+            raise ValueError("a RenewLeases batch carries one issuedAt and one actor for all its entries")
+        return RenewLeases(
+            command_id=command_id,
+            run_id=first.run_id,
+            issued_at=first.issued_at,
+            correlation_id=correlation_id,
+            actor=first.actor,
+            renewals=tuple(
+                BatchedRenewal(
+                    command_id=c.command_id,
+                    run_id=c.run_id,
+                    correlation_id=c.correlation_id,
+                    attempt_id=c.attempt_id,
+                    lease_epoch=c.lease_epoch,
+                    sequence=c.sequence,
+                )
+                for c in commands
+            ),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

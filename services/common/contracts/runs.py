@@ -48,6 +48,7 @@ from services.common.contracts.leases import (
     RecordEffectIntent,
     RecordEffectOutcome,
     RenewLease,
+    RenewLeases,
     ReportAttempt,
     RequestUploadGrant,
     RunRequeued,
@@ -312,6 +313,7 @@ TRAJECTORY_COMMAND_TYPES: tuple[type[Any], ...] = typing.get_args(TrajectoryComm
 TRAJECTORY_EVENT_TYPES: tuple[type[Any], ...] = typing.get_args(TrajectoryEvent)
 _NAMESPACE_BY_TYPE: dict[type[Any], str] = {
     **{cls: COMMANDS_NS for cls in COMMAND_TYPES},
+    RenewLeases: COMMANDS_NS,  # an envelope of RenewLease commands, not a command of its own
     **{cls: EVENTS_NS for cls in EVENT_TYPES},
     CommandRejected: REJECTIONS_NS,
     BlockChanged: POLICY_EVENTS_NS,
