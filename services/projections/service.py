@@ -254,7 +254,7 @@ def rebuild(
     started = time.monotonic()
     views.clear()
     seen = _refold(bootstrap_servers, RUNS_EVENTS.name, views.apply, progress, started)
-    return RebuildReport(events=seen, runs=len(views.all_views()), seconds=time.monotonic() - started)
+    return RebuildReport(events=seen, runs=views.count(), seconds=time.monotonic() - started)
 
 
 def rebuild_trajectories(

@@ -1,19 +1,24 @@
 """Run views in a key-value store, with status indexes and the offsets they reflect.
 
-Layout (one RocksDB): view/<runId> (the view as served, history included); brief/<runId> (the
-few fields heartbeats read); fold/<runId> (the RunState and the rest of the fold the next event
-is applied to, all but the history, which is read back from the view);
+Layout (one RocksDB): fold/<runId> (the Run aggregate's state and the rest of the fold the next
+event is applied to, all but the history); hist/<runId>/<version, 19 digits> (one history entry
+per event, written once); brief/<runId> (the few fields heartbeats read, from the fold);
 idx/<status>/<submittedAt>/<runId> and idx/*/... for listing in submission order;
 held/<principal, %-quoted>/<runId> = the command id that claimed the lease the principal holds on
 the run now ("" for a takeover's lease), while that lease is held: a keyed claim-next repeat on
 any API instance finds the grant it made among a caller's few held runs, never the whole store;
-offset/<topic>/<partition> = next offset to read; meta/run-views-layout. Views, folds, index
+offset/<topic>/<partition> = next offset to read; meta/run-views-layout. Folds, entries, index
 entries and offsets of a batch change in one atomic write, so the views always equal the fold of
 exactly the events before the stored offsets.
 
-Views written before folds were stored (no layout key) cannot be continued: `offsets` then
-answers "from the start" and the first batch folded replaces every such view, index entry and
-offset in the same write, so the projector refolds runs.events from offset 0 by itself.
+A view (GET /runs/{runId}) is rendered when it is read, from the fold and the run's entries
+(`get`). Rendering it on every event instead, as layouts before 5 did, cost each event the
+run's whole history again: with renewals every few seconds that was most of the fold's CPU
+(issue 16). An event now costs its entry, the fold and the brief.
+
+Stores of an older layout cannot be continued: `offsets` then answers "from the start" and the
+first batch folded replaces every view, fold, entry, index entry and offset in the same write, so
+the projector refolds runs.events from offset 0 by itself.
 """
 
 from __future__ import annotations
@@ -32,12 +37,13 @@ from services.common.store import KeyValueStore
 from services.common.topics import RUNS_EVENTS
 from services.projections.views import (
     RunFold,
-    apply_run_event,
+    brief_of,
     decode_fold,
     decode_view,
     encode_fold,
     encode_view,
     render_run,
+    step_run,
 )
 
 __all__ = ["BadCursor", "Page", "RunViewStore"]
@@ -47,10 +53,11 @@ _LAYOUT_KEY = "meta/run-views-layout"
 # 2: each view is rendered from a stored fold of the Run aggregate's state (fold/<runId>).
 # 3: the fold's state carries agentRevisionId (EXE-14); a layout-2 store refolds to show it.
 # 4: held/<principal>/<runId> indexes the leases held now (a keyed claim-next repeat's lookup).
-_LAYOUT = b"4"
-# The folds this store wrote last are kept decoded, up to this many history entries in all, so
-# that a run's next event does not decode its whole view again (a heartbeat is the common case).
-_RECENT_HISTORY_ENTRIES = 50_000
+# 5: no view/ keys: views are rendered when read, from fold/ and the history entries in hist/.
+_LAYOUT = b"5"
+# The folds this store wrote last are kept decoded, so that a run's next event does not decode
+# its fold again (a heartbeat is the common case). A fold holds no history: a few hundred bytes.
+_RECENT_FOLDS = 50_000
 
 
 class BadCursor(ValueError):
@@ -84,17 +91,12 @@ def _held(fold: RunFold | None) -> tuple[str, int] | None:
     return f"{_held_prefix(mark.holder_principal)}{fold.state.run_id}", lease.epoch
 
 
-def _brief(view: dict[str, Any]) -> dict[str, Any]:
-    leases = [lease for lease in (view.get("lease"), *view.get("leaseHistory", [])) if lease is not None]
-    return {
-        "runId": view["runId"],
-        "status": view["status"],
-        "version": view["version"],
-        "stop": view.get("stop"),
-        # attempt id -> the principal who may speak for it (current and earlier leases)
-        "holders": {lease["attemptId"]: lease.get("holderPrincipal") for lease in leases},
-        "leaseIds": {lease["attemptId"]: lease["leaseId"] for lease in leases},
-    }
+def _history_prefix(run_id: str) -> str:
+    return f"hist/{run_id}/"
+
+
+def _history_key(run_id: str, version: int) -> str:
+    return f"hist/{run_id}/{version:019d}"
 
 
 def _offset_key(partition: int) -> str:
@@ -108,13 +110,13 @@ class RunViewStore:
         self._layout_current = False
         # run id -> (the fold's bytes as written, the fold), least recently written first.
         self._recent: OrderedDict[str, tuple[bytes, RunFold]] = OrderedDict()
-        self._recent_entries = 0
 
     # --- reads ------------------------------------------------------------------------------
 
     def get(self, run_id: str) -> dict[str, Any] | None:
-        raw = self._store.get(f"view/{run_id}")
-        return decode_view(raw) if raw is not None else None
+        """The run's view as GET /runs/{runId} serves it, rendered from its fold and history."""
+        fold = self.fold(run_id)
+        return render_run(fold) if fold is not None else None
 
     def brief(self, run_id: str) -> dict[str, Any] | None:
         """A few fields of the view that hot paths need (heartbeats), without the whole history."""
@@ -122,13 +124,17 @@ class RunViewStore:
         return decode_view(raw) if raw is not None else None
 
     def fold(self, run_id: str) -> RunFold | None:
-        """What the next event of the run is applied to."""
+        """The run's whole fold, its history included."""
         raw = self._store.get(f"fold/{run_id}")
         if raw is None:
             return None
-        view = self.get(run_id)
-        assert view is not None, f"run {run_id} has a fold but no view"
-        return decode_fold(raw, view["history"])
+        prefix = _history_prefix(run_id)
+        return decode_fold(raw, (decode_view(entry) for _, entry in self._store.scan(prefix)))
+
+    def _stored_fold(self, run_id: str) -> RunFold | None:
+        """What the next event of the run is applied to: the fold without its history."""
+        raw = self._store.get(f"fold/{run_id}")
+        return decode_fold(raw, ()) if raw is not None else None
 
     def offsets(self) -> dict[int, int]:
         """Where to go on reading runs.events; {} (the start) for views of an older layout."""
@@ -147,7 +153,7 @@ class RunViewStore:
         return next(self._store.scan("view/"), None) is not None
 
     def _outdated_keys(self) -> list[str]:
-        prefixes = ("view/", "brief/", "fold/", "idx/", "held/", f"offset/{RUNS_EVENTS.name}/")
+        prefixes = ("view/", "hist/", "brief/", "fold/", "idx/", "held/", f"offset/{RUNS_EVENTS.name}/")
         return [key for prefix in prefixes for key, _ in self._store.scan(prefix)]
 
     def list(self, status: str | None, limit: int, cursor: str | None) -> Page:
@@ -211,11 +217,15 @@ class RunViewStore:
                 continue
             if not isinstance(event, EVENT_TYPES):
                 continue
-            before = folds.get(event.run_id) or self._recent_fold(event.run_id) or self.fold(event.run_id)
+            before = folds.get(event.run_id)
+            if before is None and not outdated:  # an outdated store's folds are being replaced
+                before = self._recent_fold(event.run_id) or self._stored_fold(event.run_id)
             before_status = before.state.status.value if before is not None else None
-            after = apply_run_event(before, event)
-            if after is None:
+            stepped = step_run(before, event)
+            if stepped is None:
                 continue
+            after, entry = stepped
+            puts[_history_key(event.run_id, event.version)] = encode_view(entry)
             applied += 1
             folds[event.run_id] = after
             status = after.state.status.value
@@ -236,9 +246,7 @@ class RunViewStore:
                     puts[held_after[0]] = claimed_by.encode()
         written: dict[str, tuple[bytes, RunFold]] = {}
         for run_id, fold in folds.items():
-            view = render_run(fold)
-            puts[f"view/{run_id}"] = encode_view(view)
-            puts[f"brief/{run_id}"] = encode_view(_brief(view))
+            puts[f"brief/{run_id}"] = encode_view(brief_of(fold))
             encoded = puts[f"fold/{run_id}"] = encode_fold(fold)
             written[run_id] = (encoded, fold)
         if not self._layout_current:
@@ -246,8 +254,8 @@ class RunViewStore:
         if puts or deletes:
             self._store.write(puts, tuple(k for k in deletes if k not in puts))
             self._layout_current = True
-        for run_id, entry in written.items():
-            self._remember(run_id, entry)
+        for run_id, kept in written.items():
+            self._remember(run_id, kept)
         return applied
 
     def _recent_fold(self, run_id: str) -> RunFold | None:
@@ -261,22 +269,28 @@ class RunViewStore:
         return recent[1]
 
     def _remember(self, run_id: str, entry: tuple[bytes, RunFold]) -> None:
-        self._forget(run_id)
+        self._recent.pop(run_id, None)
         self._recent[run_id] = entry
-        self._recent_entries += len(entry[1].history)
-        while self._recent_entries > _RECENT_HISTORY_ENTRIES and len(self._recent) > 1:
-            self._forget(next(iter(self._recent)))
+        while len(self._recent) > _RECENT_FOLDS:
+            self._recent.popitem(last=False)
 
     def _forget(self, run_id: str) -> None:
-        old = self._recent.pop(run_id, None)
-        if old is not None:
-            self._recent_entries -= len(old[1].history)
+        self._recent.pop(run_id, None)
 
     def clear(self) -> None:
         self._store.clear()
         self._layout_current = False
         self._recent.clear()
-        self._recent_entries = 0
+
+    def count(self) -> int:
+        """How many runs have a view (none is rendered to count them)."""
+        return sum(1 for _ in self._store.scan("fold/"))
 
     def all_views(self) -> dict[str, dict[str, Any]]:
-        return {k[len("view/") :]: decode_view(v) for k, v in self._store.scan("view/")}
+        views = {}
+        for key, _ in self._store.scan("fold/"):
+            run_id = key[len("fold/") :]
+            view = self.get(run_id)
+            if view is not None:
+                views[run_id] = view
+        return views

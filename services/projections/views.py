@@ -57,6 +57,7 @@ __all__ = [
     "RunView",
     "apply_event",
     "apply_run_event",
+    "brief_of",
     "decode_fold",
     "decode_view",
     "encode_fold",
@@ -64,6 +65,7 @@ __all__ = [
     "fold_run",
     "history_entry",
     "render_run",
+    "step_run",
 ]
 
 _HEADER_FIELDS = {"eventId", "runId", "version", "occurredAt", "causationId", "correlationId", "actor"}
@@ -115,6 +117,8 @@ class LeaseMark:
     certainty: LeaseCertainty
     changed_at: int
     ended_at: int | None = None
+    attempt_id: str = ""  # of the grant (AttemptClaimed or LeaseTakenOver) that issued the lease
+    lease_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,9 @@ class RunFold:
     status_reason: str | None = None
     labels: tuple[tuple[str, str], ...] = ()
     leases: tuple[LeaseMark, ...] = ()  # one per lease ever issued, in epoch order
+    # The last stop asked for (cancel or deadline), kept once confirmed (the state forgets it
+    # then) until a retry starts the run over; None: none asked for.
+    stop: Mapping[str, Any] | None = None
 
 
 def apply_run_event(fold: RunFold | None, event: RunEvent) -> RunFold | None:
@@ -134,6 +141,17 @@ def apply_run_event(fold: RunFold | None, event: RunEvent) -> RunFold | None:
     A version gap raises services.common.sequencing.VersionGap: a view built over missing events
     would look plausible and be wrong, which is worse than no view.
     """
+    stepped = step_run(fold, event)
+    if stepped is None:
+        return None
+    after, entry = stepped
+    return replace(after, history=(*after.history, entry))
+
+
+def step_run(fold: RunFold | None, event: RunEvent) -> tuple[RunFold, dict[str, Any]] | None:
+    """The fold after `event` with its history as it was, and the event's history entry; None
+    for a duplicate. The view store keeps the entries apart from the fold (store.py), so that
+    an event costs its own entry, not a re-rendering of the run's whole history."""
     current = fold.state.version if fold is not None else 0
     if sequence(event.run_id, current, event.version) is Sequencing.DUPLICATE:
         return None
@@ -143,16 +161,31 @@ def apply_run_event(fold: RunFold | None, event: RunEvent) -> RunFold | None:
                 f"{type(event).__name__} {event.event_id} arrived before run {event.run_id} exists"
             )
         labels = tuple(sorted(event.labels.items()))
-        return RunFold(state=evolve(None, event), history=(history_entry(event),), labels=labels)
+        return RunFold(state=evolve(None, event), history=(), labels=labels), history_entry(event)
     before = fold.state
     after = evolve(before, event)
-    return replace(
+    stepped = replace(
         fold,
         state=after,
-        history=(*fold.history, history_entry(event)),
         status_reason=_status_reason(event, before, after, fold.status_reason),
         leases=_marked(fold.leases, event, before.lease, after.lease),
+        stop=_stop(event, fold.stop),
     )
+    return stepped, history_entry(event)
+
+
+def _stop(event: RunEvent, current: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The last stop asked for after `event`."""
+    if isinstance(event, RunCancelRequested) or (isinstance(event, DeadlineReached) and event.stop_requested):
+        return {
+            "kind": "cancel" if isinstance(event, RunCancelRequested) else "deadline",
+            "requestedAt": event.occurred_at,
+            "graceUntil": event.grace_until,
+            "by": event.actor,
+        }
+    if isinstance(event, RunRetried):
+        return None
+    return current
 
 
 def fold_run(events: Iterable[RunEvent]) -> RunFold | None:
@@ -229,7 +262,17 @@ def _marked(
     assert isinstance(event, (AttemptClaimed, LeaseTakenOver)), event
     if before is not None:
         marks = (*marks[:-1], _remarked(marks[-1], superseded_lease(before), at))
-    return (*marks, LeaseMark(after.epoch, holder_principal(event), after.certainty, at))
+    return (
+        *marks,
+        LeaseMark(
+            after.epoch,
+            holder_principal(event),
+            after.certainty,
+            at,
+            attempt_id=event.attempt_id,
+            lease_id=event.lease_id,
+        ),
+    )
 
 
 def _remarked(mark: LeaseMark, lease: LeaseState, at: int) -> LeaseMark:
@@ -266,7 +309,7 @@ def render_run(fold: RunFold) -> dict[str, Any]:
         "agentRevisionId": state.agent_revision_id,
         "parentRunId": state.parent_run_id,
         "deadlineAt": state.deadline_at,
-        "stop": facts.stop,
+        "stop": dict(fold.stop) if fold.stop is not None else None,
         "queueReservationId": state.queue_reservation_id,
         "attempts": [_attempt(grant, facts) for grant in facts.grants],
         "lease": records[-1] if records else None,
@@ -299,7 +342,6 @@ class _Facts:
         self.upload_grants: list[dict[str, Any]] = []
         self.input: dict[str, Any] | None = None
         self.manifest: list[dict[str, Any]] | None = None
-        self.stop: dict[str, Any] | None = None
         for entry in history:
             kind = entry["type"]
             details: dict[str, Any] = entry.get("details") or {}
@@ -338,18 +380,7 @@ class _Facts:
     def _other(self, kind: str, entry: dict[str, Any]) -> None:
         details: dict[str, Any] = entry.get("details") or {}
         at = entry["occurredAt"]
-        if kind == "RunCancelRequested" or (kind == "DeadlineReached" and details["stopRequested"]):
-            # The last stop asked for, kept once confirmed (the state forgets it then) until a
-            # retry starts the run over.
-            self.stop = {
-                "kind": "cancel" if kind == "RunCancelRequested" else "deadline",
-                "requestedAt": at,
-                "graceUntil": details["graceUntil"],
-                "by": entry["actor"],
-            }
-        elif kind == "RunRetried":
-            self.stop = None
-        elif kind == "InputRequested":
+        if kind == "InputRequested":
             self.input = {
                 "requestId": details["requestId"],
                 "prompt": details["prompt"],
@@ -505,9 +536,12 @@ def encode_fold(fold: RunFold) -> bytes:
                     "certainty": m.certainty.value,
                     "changedAt": m.changed_at,
                     "endedAt": m.ended_at,
+                    "attemptId": m.attempt_id,
+                    "leaseId": m.lease_id,
                 }
                 for m in fold.leases
             ],
+            "stop": dict(fold.stop) if fold.stop is not None else None,
         },
         sort_keys=True,
     )
@@ -527,7 +561,24 @@ def decode_fold(raw: bytes, history: Iterable[dict[str, Any]]) -> RunFold:
                 certainty=LeaseCertainty(m["certainty"]),
                 changed_at=int(m["changedAt"]),
                 ended_at=m["endedAt"],
+                attempt_id=m["attemptId"],
+                lease_id=m["leaseId"],
             )
             for m in data["leases"]
         ),
+        stop=data["stop"],
     )
+
+
+def brief_of(fold: RunFold) -> dict[str, Any]:
+    """The few fields of the view that hot paths read (a heartbeat's holder check and its stop
+    flags), from the fold alone: no history is read to answer them."""
+    return {
+        "runId": fold.state.run_id,
+        "status": fold.state.status.value,
+        "version": fold.state.version,
+        "stop": dict(fold.stop) if fold.stop is not None else None,
+        # attempt id -> the principal who may speak for it (current and earlier leases)
+        "holders": {m.attempt_id: m.holder_principal for m in fold.leases},
+        "leaseIds": {m.attempt_id: m.lease_id for m in fold.leases},
+    }

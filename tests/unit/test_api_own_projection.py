@@ -30,6 +30,7 @@ from services.projections.store import RunViewStore
 from services.projections.trajectory_store import TrajectoryViewStore
 from services.projections.views import encode_view
 from services.projections.watchdog_store import WatchdogViewStore
+from tests.support.stored_views import run_id_of, run_view_keys
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -64,7 +65,8 @@ class FakeProjection:
             return {p: len(records) for p, records in self.log.items()}
 
     def append(self, partition: int, run_id: str, version: int) -> None:
-        """A committed write: on the log, not yet folded."""
+        """A committed write of the run stored_views.py keys by `run_id`: on the log, not yet
+        folded."""
         with self.lock:
             self.log[partition].append((run_id, version))
 
@@ -78,7 +80,7 @@ class FakeProjection:
                 continue
             p, n, (run_id, version) = random.choice(pending)
             time.sleep(self.fold_delay_s)
-            self.store.write({f"view/{run_id}": encode_view({"runId": run_id, "version": version})})
+            self.store.write(run_view_keys(run_id, version)[1])
             done[p] = n + 1
             self.progress.advance(TOPIC, {p: n + 1})
 
@@ -111,7 +113,7 @@ def test_a_read_after_a_write_never_sees_a_view_older_than_that_write(
             run_id = f"run-{partition}-{run}"  # a run's events all go to one partition
             versions[run_id] = versions.get(run_id, 0) + 1
             projection.append(partition, run_id, versions[run_id])
-            view = reader.get(run_id)
+            view = reader.get(run_id_of(run_id))
             assert view is not None and view["version"] == versions[run_id]
     finally:
         projection.stop.set()
@@ -123,7 +125,7 @@ def test_a_read_the_fold_cannot_catch_up_with_in_time_is_a_503_with_retry_after(
     reader = _reader(projection, wait_s=0.2)
     began = time.monotonic()
     with pytest.raises(ApiProblem) as refused:
-        reader.get("run-x")
+        reader.get(run_id_of("run-x"))
     assert time.monotonic() - began < 2.0
     assert refused.value.slug == "unavailable" and refused.value.headers["Retry-After"] == "1"
     # The request's own deadline bounds the wait when it is set (the routers set it).
@@ -131,7 +133,7 @@ def test_a_read_the_fold_cannot_catch_up_with_in_time_is_a_503_with_retry_after(
     try:
         began = time.monotonic()
         with pytest.raises(ApiProblem):
-            reader.get("run-x")
+            reader.get(run_id_of("run-x"))
         assert time.monotonic() - began < 1.0
     finally:
         READ_DEADLINE.reset(token)
@@ -205,23 +207,24 @@ def test_fold_progress_only_grows_and_is_past_ends_exactly_when_every_partition_
 def test_a_wait_for_a_heard_version_is_woken_by_the_fold_not_by_polling() -> None:
     projection = FakeProjection()
     reader = _reader(projection)
-    projection.store.write({"view/run-w": encode_view({"runId": "run-w", "version": 1})})
+    run_w = run_id_of("run-w")
+    projection.store.write(run_view_keys("run-w", 1)[1])
 
     async def scenario() -> tuple[dict[str, Any] | None, float, dict[str, Any] | None]:
         def later() -> None:
             time.sleep(0.1)
-            projection.store.write({"view/run-w": encode_view({"runId": "run-w", "version": 2})})
+            projection.store.write(run_view_keys("run-w", 2)[1])
             projection.progress.advance(TOPIC, {0: 1})
 
         threading.Thread(target=later, daemon=True).start()
         began = time.monotonic()
-        shown = await reader.wait_for_version("run-w", 2, 5.0)
+        shown = await reader.wait_for_version(run_w, 2, 5.0)
         took = time.monotonic() - began
-        never = await reader.wait_for_version("run-w", 3, 0.1)  # never folded: the timeout
+        never = await reader.wait_for_version(run_w, 3, 0.1)  # never folded: the timeout
         return shown, took, never
 
     shown, took, never = asyncio.run(scenario())
-    assert shown == {"runId": "run-w", "version": 2} and took < 2.0
+    assert shown is not None and (shown["runId"], shown["version"]) == (run_w, 2) and took < 2.0
     assert never is None
 
 

@@ -46,6 +46,7 @@ from services.projections.views import (
     apply_run_event,
     decode_fold,
     encode_fold,
+    encode_view,
     fold_run,
     history_entry,
     render_run,
@@ -256,22 +257,31 @@ def test_rebuild_from_offset_zero_equals_the_incremental_fold_byte_for_byte_dur_
         assert live.brief(run.run_id)["version"] == run.state.version  # type: ignore[index]
 
 
-def test_a_store_of_the_older_layout_refolds_itself_from_offset_zero() -> None:
-    """Views written before folds were stored cannot be continued: the projector starts over."""
+@pytest.mark.parametrize("layout", [None, b"4"], ids=["before-folds", "layout-4"])
+def test_a_store_of_an_older_layout_refolds_itself_from_offset_zero(layout: bytes | None) -> None:
+    """Views an older layout wrote (rendered view/ keys; before layout 2 without folds, before
+    layout 5 without history entries) cannot be continued: the projector starts over."""
     runs = [walk(_STORY, key=f"old-{i}") for i in range(3)]
     topic = EventTopic()
     records = topic.records(_interleaved([r.events for r in runs], [0, 1, 2] * 20))
     old_store = MemoryStore()
     RunViewStore(old_store, CODEC).apply(records[: len(records) // 2])
-    # What the projector of the older layout left: views, briefs, index, offsets, and no folds.
+    # What the projector of the older layout left: rendered views, briefs, index, offsets, no
+    # history entries (and no folds before layout 2).
+    old_views = {
+        f"view/{run_id}": encode_view(v) for run_id, v in RunViewStore(old_store, CODEC).all_views().items()
+    }
     stale_index = f"idx/running/{0:013d}/run_gone"
-    old_keys = [k for k, _ in old_store.scan("fold/")] + [k for k, _ in old_store.scan("meta/")]
-    old_store.write({stale_index: b""}, tuple(old_keys))
+    gone = [k for k, _ in old_store.scan("hist/")] + [k for k, _ in old_store.scan("meta/")]
+    if layout is None:
+        gone += [k for k, _ in old_store.scan("fold/")]
+    old_store.write(
+        {**old_views, stale_index: b"", **({"meta/run-views-layout": layout} if layout else {})}, tuple(gone)
+    )
     upgraded = RunViewStore(old_store, CODEC)
     assert upgraded.offsets() == {}, "fold runs.events again from the start"
     upgraded.apply(records[:5])
-    views, folds = {k for k, _ in old_store.scan("view/")}, {k for k, _ in old_store.scan("fold/")}
-    assert {k.removeprefix("view/") for k in views} == {k.removeprefix("fold/") for k in folds}
+    assert not list(old_store.scan("view/")), "the old layout's views are gone"
     assert old_store.get(stale_index) is None and upgraded.offsets() == {0: 5}
     upgraded.apply(records[5:])
     fresh_store = MemoryStore()

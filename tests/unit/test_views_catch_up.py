@@ -19,7 +19,7 @@ from services.command_api.context import ViewReader
 from services.common.decisions import DecisionBook
 from services.common.messages import MessageCodec
 from services.common.store import MemoryStore
-from services.projections.views import encode_view
+from tests.support.stored_views import run_view_keys
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -32,8 +32,8 @@ class CountingStore(MemoryStore):
         self.refreshes = 0
         self.pending: dict[str, bytes] = {}
 
-    def stage(self, key: str, value: bytes) -> None:
-        self.pending[key] = value
+    def stage(self, keys: dict[str, bytes]) -> None:
+        self.pending.update(keys)
 
     def refresh(self) -> None:
         self.refreshes += 1
@@ -42,47 +42,47 @@ class CountingStore(MemoryStore):
         self.pending.clear()
 
 
-def _view(run_id: str, version: int) -> bytes:
-    return encode_view({"runId": run_id, "version": version, "status": "running"})
-
-
 def _reader(tmp_path: Path, store: CountingStore, book: DecisionBook) -> ViewReader:
     return ViewReader(tmp_path, MessageCodec(), store, heard_run=book.newest_heard)
 
 
 def test_a_read_of_a_view_that_is_current_does_not_catch_up(tmp_path: Path) -> None:
     store, book = CountingStore(), DecisionBook()
-    store.write({"view/r1": _view("r1", 3)})
-    book.heard("r1", 3)
+    r1, keys = run_view_keys("r1", 3)
+    store.write(keys)
+    book.heard(r1, 3)
     reader = _reader(tmp_path, store, book)
-    reader.get("r1")  # the first read catches up (nothing was refreshed yet)
+    reader.get(r1)  # the first read catches up (nothing was refreshed yet)
     before = store.refreshes
     for _ in range(50):
-        assert reader.get("r1")["version"] == 3  # type: ignore[index]
+        assert reader.get(r1)["version"] == 3  # type: ignore[index]
     assert store.refreshes == before, "reads of a current view caught up with the projection"
 
 
 def test_a_read_after_a_newer_version_was_heard_catches_up_and_sees_it(tmp_path: Path) -> None:
     store, book = CountingStore(), DecisionBook()
-    store.write({"view/r1": _view("r1", 3)})
-    book.heard("r1", 3)
+    r1, keys = run_view_keys("r1", 3)
+    store.write(keys)
+    book.heard(r1, 3)
     reader = _reader(tmp_path, store, book)
-    reader.get("r1")
-    store.stage("view/r1", _view("r1", 4))
-    assert reader.get("r1")["version"] == 3  # type: ignore[index]  # nothing newer heard of yet
-    book.heard("r1", 4)
+    reader.get(r1)
+    store.stage(run_view_keys("r1", 4)[1])
+    assert reader.get(r1)["version"] == 3  # type: ignore[index]  # nothing newer heard of yet
+    book.heard(r1, 4)
     time.sleep(ViewReader._REFRESH_EVERY_S * 2)
-    assert reader.get("r1")["version"] == 4  # type: ignore[index]
+    assert reader.get(r1)["version"] == 4  # type: ignore[index]
 
 
 def test_without_news_a_read_still_catches_up_after_a_moment(tmp_path: Path) -> None:
     """Events from before the followers started are never heard: the periodic catch-up shows them."""
     store, book = CountingStore(), DecisionBook()
     reader = _reader(tmp_path, store, book)
-    assert reader.get("r2") is None
-    store.stage("view/r2", _view("r2", 1))
+    r2, keys = run_view_keys("r2", 1)
+    assert reader.get(r2) is None
+    store.stage(keys)
     time.sleep(ViewReader._SETTLED_S * 1.5)
-    assert reader.get("r2") == {"runId": "r2", "version": 1, "status": "running"}
+    view = reader.get(r2)
+    assert view is not None and (view["runId"], view["version"], view["status"]) == (r2, 1, "queued")
 
 
 def test_the_book_wakes_a_waiter_the_moment_a_newer_version_is_heard() -> None:
