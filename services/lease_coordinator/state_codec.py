@@ -98,7 +98,9 @@ def state_from_record(record: dict[str, Any]) -> RunState:
 
 
 def encode_state(state: RunState) -> bytes:
-    return jsonbytes.dumps(state_record(state), sort_keys=True)
+    # The dataclass itself, encoded in C: the same document as state_record's, with each
+    # object's keys in field order rather than sorted (decode_state reads either).
+    return jsonbytes.dumps(state)
 
 
 def decode_state(raw: bytes) -> RunState:

@@ -49,7 +49,7 @@ from services.lease_coordinator.domain import (
     evolve,
     superseded_lease,
 )
-from services.lease_coordinator.state_codec import state_from_record, state_record
+from services.lease_coordinator.state_codec import state_from_record
 
 __all__ = [
     "LeaseMark",
@@ -526,7 +526,7 @@ def encode_fold(fold: RunFold) -> bytes:
     """Everything of the fold but its history, which the stored view already holds whole."""
     return jsonbytes.dumps(
         {
-            "state": state_record(fold.state),
+            "state": fold.state,  # the dataclass, encoded in C as state_record's document
             "statusReason": fold.status_reason,
             "labels": dict(fold.labels),
             "leases": [

@@ -7,6 +7,8 @@ read back as floats."""
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import json
 from typing import Any
 
@@ -78,3 +80,38 @@ def test_what_is_not_json_is_a_value_error(text: bytes | str) -> None:
 def test_what_json_cannot_hold_is_a_type_error() -> None:
     with pytest.raises(TypeError):
         jsonbytes.dumps({"when": object()})
+
+
+class _Certainty(enum.Enum):
+    ACTIVE = "active"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Lease:
+    epoch: int
+    certainty: _Certainty
+    capabilities: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class _State:
+    run_id: str
+    lease: _Lease | None
+    handled: tuple[str, ...]
+    huge: int = 0
+
+
+def test_a_dataclass_is_written_as_its_fields_in_order_by_either_encoder() -> None:
+    """A frozen state is encoded without first being copied to dicts; the standard library's
+    path (taken for an integer beyond 64 bits) writes the same document."""
+    state = _State("run_1", _Lease(3, _Certainty.ACTIVE, ("a",)), ("c1", "c2"))
+    document = {
+        "run_id": "run_1",
+        "lease": {"epoch": 3, "certainty": "active", "capabilities": ["a"]},
+        "handled": ["c1", "c2"],
+        "huge": 0,
+    }
+    fast = jsonbytes.dumps(state)
+    assert list(json.loads(fast)) == list(document) and json.loads(fast) == document
+    beyond = dataclasses.replace(state, huge=2**70)
+    assert jsonbytes.loads(jsonbytes.dumps(beyond)) == {**document, "huge": 2**70}
