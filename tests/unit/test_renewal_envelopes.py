@@ -45,6 +45,7 @@ from services.lease_coordinator.state_codec import decode_state
 from tests.support.lease_run import T0, claim_cmd, renew_cmd
 
 from .strategies import submit_command
+from .test_run_processor import CRASH_POINTS, CrashableLog, CrashableStore, SimulatedCrash
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -256,6 +257,69 @@ def test_a_batch_too_large_for_one_record_is_split_and_still_carries_every_comma
     assert len(split) > 2
     assert [c for _, batch in split for c in batch] == commands
     assert all(len(record.value) <= len(whole[0][0].value) // 3 for record, _ in split)
+
+
+# --- crashes (DUR-1) ----------------------------------------------------------------------------
+
+
+def _records_of(messages: list[Any]) -> list[InboundRecord]:
+    offsets: dict[int, int] = defaultdict(int)
+    records = []
+    for message in messages:
+        partition = partition_for_run(message.run_id)
+        out = CODEC.outbound(RUNS_COMMANDS.name, message.run_id, message, partition)
+        records.append(
+            InboundRecord(out.topic, partition, offsets[partition], out.key, out.value, out.headers)
+        )
+        offsets[partition] += 1
+    return records
+
+
+def _decoded(log: MemoryEventLog, topic: str) -> list[Any]:
+    return [CODEC.decode(r.value) for (t, _), rs in sorted(log.topics.items()) if t == topic for r in rs]
+
+
+@pytest.mark.parametrize("crash", CRASH_POINTS)
+def test_a_crash_at_any_step_of_an_envelopes_batch_then_redelivery_writes_what_a_calm_run_writes_dur_1(
+    crash: str,
+) -> None:
+    """SIGKILL before the commit, after it, or after the store write: the envelope is delivered
+    again to a new processor on the same disk and log, and the log ends exactly as without the
+    crash (no renewal lost or decided twice), with the state on disk the fold of the log."""
+    submits = [submit_command(TENANTS[i % 3], f"k{i}", command_id=f"s-{i}") for i in range(9)]
+    claims = [claim_cmd(s.run_id, command_id=f"c-{i}") for i, s in enumerate(submits)]
+    calm = Coordinator()
+    calm.send(*submits)
+    calm.send(*claims)
+    granted = [e for e in calm.decoded(RUNS_EVENTS.name) if isinstance(e, AttemptClaimed)]
+    envelopes = _envelopes(_renewals(granted, 1))
+    calm.send(*envelopes)
+
+    disk, log, clock = MemoryStore(), MemoryEventLog(RUNS_COMMANDS.partitions), ManualClock(T0)
+    store = CrashableStore(disk)
+    crashed_log = CrashableLog(log, store)
+    processor = RunCommandProcessor(crashed_log, store, CODEC, clock)
+    processor.handle(_records_of(submits))
+    processor.handle(_records_of(claims))
+    batch = _records_of(envelopes)
+    log.fail_next_commit = crash == "before_commit"
+    crashed_log.crash_after_next_commit = crash == "after_commit"
+    died = False
+    try:
+        processor.handle(batch)
+    except (ConnectionError, SimulatedCrash):
+        died = True
+    assert died is (crash != "after_store_write"), "after_store_write: handled, killed before the ack"
+    log.fail_next_commit = False
+    RunCommandProcessor(crashed_log, store, CODEC, clock).handle(batch)  # a new process, redelivered
+
+    assert _decoded(log, RUNS_EVENTS.name) == calm.decoded(RUNS_EVENTS.name)
+    assert _decoded(log, RUNS_REJECTIONS.name) == calm.decoded(RUNS_REJECTIONS.name)
+    for claim in granted:
+        raw = disk.get(state_key(claim.run_id))
+        assert raw is not None
+        events = [e for e in _decoded(log, RUNS_EVENTS.name) if e.run_id == claim.run_id]
+        assert decode_state(raw) == fold(events)
 
 
 # --- one wake-up per batch (services/common/decisions.py) ----------------------------------------
