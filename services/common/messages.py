@@ -17,6 +17,7 @@ __all__ = [
     "UndecodableRecord",
     "command_headers",
     "command_or_deadletter",
+    "deadletter_into",
     "deadletter_record",
     "record_bytes",
 ]
@@ -99,6 +100,38 @@ def deadletter_record(
     return OutboundRecord(topic=deadletter_topic, key=key, value=value, headers=headers)
 
 
+def deadletter_into(
+    out: list[OutboundRecord],
+    deadletter_topic: str,
+    record: InboundRecord,
+    code: str,
+    detail: str,
+    log: logging.Logger,
+    on_deadletter: Callable[[str], None] | None = None,
+    extra: Headers = (),
+) -> None:
+    """Append `record`'s dead letter (`deadletter_record`) to `out`, logged once, and tell
+    `on_deadletter` its reason code (for metrics)."""
+    log.warning(
+        "dead-lettering %s[%d]@%d: %s %s", record.topic, record.partition, record.offset, code, detail
+    )
+    out.append(
+        deadletter_record(
+            deadletter_topic,
+            record.topic,
+            record.partition,
+            record.offset,
+            record.key,
+            record.value,
+            code,
+            detail,
+            extra,
+        )
+    )
+    if on_deadletter is not None:
+        on_deadletter(code)
+
+
 def command_or_deadletter(
     codec: MessageCodec,
     record: InboundRecord,
@@ -117,24 +150,7 @@ def command_or_deadletter(
     bad record is set aside exactly once and the batch goes on."""
 
     def dead(code: str, detail: str, extra: Headers = ()) -> None:
-        log.warning(
-            "dead-lettering %s[%d]@%d: %s %s", record.topic, record.partition, record.offset, code, detail
-        )
-        out.append(
-            deadletter_record(
-                deadletter_topic,
-                record.topic,
-                record.partition,
-                record.offset,
-                record.key,
-                record.value,
-                code,
-                detail,
-                extra,
-            )
-        )
-        if on_deadletter is not None:
-            on_deadletter(code)
+        deadletter_into(out, deadletter_topic, record, code, detail, log, on_deadletter, extra)
 
     try:
         message = codec.decode(record.value)

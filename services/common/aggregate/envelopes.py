@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from services.common.aggregate.definition import AggregateDefinition
 from services.common.kafka import InboundRecord, OutboundRecord
-from services.common.messages import command_headers, deadletter_record
+from services.common.messages import command_headers, deadletter_into
 
 __all__ = ["open_envelope"]
 
@@ -56,21 +56,7 @@ def open_envelope(
         )
     else:
         code, detail = "EMPTY_BATCH", "the envelope carries no command"
-    d.log.warning(
-        "dead-lettering %s[%d]@%d: %s %s", record.topic, record.partition, record.offset, code, detail
+    deadletter_into(
+        out, d.deadletter_topic, record, code, detail, d.log, on_deadletter, command_headers(envelope)
     )
-    out.append(
-        deadletter_record(
-            d.deadletter_topic,
-            record.topic,
-            record.partition,
-            record.offset,
-            record.key,
-            record.value,
-            code,
-            detail,
-            command_headers(envelope),
-        )
-    )
-    on_deadletter(code)
     return ()
