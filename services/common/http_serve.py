@@ -9,6 +9,7 @@ from typing import Any
 
 import uvicorn
 
+from services.common.heap import freeze_startup_heap
 from services.common.logs import uvicorn_log_config
 from services.common.problem_json import ProblemCatalog
 from services.common.settings import TenureSettings
@@ -57,6 +58,7 @@ class CutAtShutdown:
 
 def serve_http(app: Any, host: str, port: int, settings: TenureSettings) -> None:
     """Serve `app` until the process is told to stop (uvicorn handles SIGTERM and SIGINT)."""
+    freeze_startup_heap()
     uvicorn.run(
         CutAtShutdown(app),
         host=host,

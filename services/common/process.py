@@ -37,6 +37,7 @@ from prometheus_client import CollectorRegistry
 from services.common.aggregate import AggregateProcessor
 from services.common.eventlog import KafkaEventLog
 from services.common.health import DeferredReadiness, StreamMetrics, metrics_registry, serve_health
+from services.common.heap import freeze_startup_heap
 from services.common.kafka import committed_offsets, resource_prefix
 from services.common.logs import configure_logging
 from services.common.settings import TenureSettings
@@ -163,6 +164,7 @@ def serve_aggregate(
     if settings.group_fence:
         event_log.fence = stream.group_fence
     readiness.become(stream.checks)
+    freeze_startup_heap()
     stream.run()
 
 

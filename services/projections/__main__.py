@@ -8,6 +8,7 @@ import sys
 import threading
 
 from services.common.health import ProjectionMetrics, metrics_registry, serve_health
+from services.common.heap import freeze_startup_heap
 from services.common.logs import configure_logging
 from services.common.messages import MessageCodec
 from services.common.settings import TenureSettings
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     health = serve_health(
         "tenure-projections", settings.projections_health_port, caught_up.checks, registry, settings.api_host
     )
+    freeze_startup_heap()
     try:
         follow(bootstrap, path, stop, caught_up, ProjectionMetrics(registry))
     finally:
