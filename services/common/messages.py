@@ -18,6 +18,7 @@ __all__ = [
     "command_headers",
     "command_or_deadletter",
     "deadletter_into",
+    "deadletter_of",
     "deadletter_record",
     "record_bytes",
 ]
@@ -100,6 +101,23 @@ def deadletter_record(
     return OutboundRecord(topic=deadletter_topic, key=key, value=value, headers=headers)
 
 
+def deadletter_of(
+    deadletter_topic: str, record: InboundRecord, reason_code: str, detail: str, extra: Headers = ()
+) -> OutboundRecord:
+    """`deadletter_record` of a record that was consumed: its bytes, from where it was read."""
+    return deadletter_record(
+        deadletter_topic,
+        record.topic,
+        record.partition,
+        record.offset,
+        record.key,
+        record.value,
+        reason_code,
+        detail,
+        extra,
+    )
+
+
 def deadletter_into(
     out: list[OutboundRecord],
     deadletter_topic: str,
@@ -115,19 +133,7 @@ def deadletter_into(
     log.warning(
         "dead-lettering %s[%d]@%d: %s %s", record.topic, record.partition, record.offset, code, detail
     )
-    out.append(
-        deadletter_record(
-            deadletter_topic,
-            record.topic,
-            record.partition,
-            record.offset,
-            record.key,
-            record.value,
-            code,
-            detail,
-            extra,
-        )
-    )
+    out.append(deadletter_of(deadletter_topic, record, code, detail, extra))
     if on_deadletter is not None:
         on_deadletter(code)
 

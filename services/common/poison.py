@@ -31,6 +31,7 @@ from services.common.messages import (
     MAX_RECORD_BYTES,
     MessageCodec,
     command_headers,
+    deadletter_of,
     deadletter_record,
     record_bytes,
 )
@@ -101,13 +102,9 @@ def _failure_headers(exc: BaseException, processor: str) -> tuple[tuple[str, byt
 def failed_command_deadletter(
     deadletter_topic: str, record: InboundRecord, exc: BaseException, command: object, processor: str
 ) -> OutboundRecord:
-    return deadletter_record(
+    return deadletter_of(
         deadletter_topic,
-        record.topic,
-        record.partition,
-        record.offset,
-        record.key,
-        record.value,
+        record,
         failure_reason(exc),
         failure_summary(exc),
         (

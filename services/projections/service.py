@@ -20,7 +20,7 @@ from typing import Callable, Iterable
 
 from services.common.health import Check, ProjectionMetrics
 from services.common.kafka import CommandPublisher, InboundRecord, TopicFollower
-from services.common.messages import MessageCodec, UndecodableRecord, deadletter_record
+from services.common.messages import MessageCodec, UndecodableRecord, deadletter_of
 from services.common.store import RocksStore
 from services.common.topics import DEADLETTER, RUNS_EVENTS, TRAJECTORIES_EVENTS, WATCHDOG_EVENTS
 from services.projections.store import RunViewStore
@@ -110,16 +110,7 @@ def follow(
 
     def dead_letter(record: InboundRecord, error: UndecodableRecord) -> None:
         log.error("dead-lettering %s[%d]@%d: %s", record.topic, record.partition, record.offset, error)
-        dead = deadletter_record(
-            DEADLETTER.name,
-            record.topic,
-            record.partition,
-            record.offset,
-            record.key,
-            record.value,
-            error.reason_code,
-            str(error),
-        )
+        dead = deadletter_of(DEADLETTER.name, record, error.reason_code, str(error))
         publisher.publish(dead).result(30)
         metrics.deadlettered(error.reason_code)
 
@@ -162,9 +153,7 @@ def follow(
             "watchdog-views",
         ),
     ]
-    workers = [
-        threading.Thread(target=side_loop, args=side[:4], name=side[4], daemon=True) for side in sides
-    ]
+    workers = [threading.Thread(target=side_loop, args=side[:4], name=side[4], daemon=True) for side in sides]
     for worker in workers:
         worker.start()
     try:
