@@ -126,8 +126,10 @@ class RunViewStore:
     def fold(self, run_id: str) -> RunFold | None:
         """The run's whole fold, its history included."""
         raw = self._store.get(f"fold/{run_id}")
-        if raw is None:
-            return None
+        return self._with_history(run_id, raw) if raw is not None else None
+
+    def _with_history(self, run_id: str, raw: bytes) -> RunFold:
+        """The stored fold `raw` of the run, with the history entries read back."""
         prefix = _history_prefix(run_id)
         return decode_fold(raw, (decode_view(entry) for _, entry in self._store.scan(prefix)))
 
@@ -288,9 +290,7 @@ class RunViewStore:
 
     def all_views(self) -> dict[str, dict[str, Any]]:
         views = {}
-        for key, _ in self._store.scan("fold/"):
+        for key, raw in self._store.scan("fold/"):
             run_id = key[len("fold/") :]
-            view = self.get(run_id)
-            if view is not None:
-                views[run_id] = view
+            views[run_id] = render_run(self._with_history(run_id, raw))
         return views

@@ -523,7 +523,7 @@ def decode_view(raw: bytes) -> dict[str, Any]:
 
 
 def encode_fold(fold: RunFold) -> bytes:
-    """Everything of the fold but its history, which the stored view already holds whole."""
+    """Everything of the fold but its history, which the store keeps as one entry per event."""
     return jsonbytes.dumps(
         {
             "state": fold.state,  # the dataclass, encoded in C as state_record's document

@@ -107,6 +107,8 @@ class AggregateProcessor(Generic[S, C, E, X]):
         self._clock = clock
         self._on_changed = on_changed
         self._layout = definition.layout
+        # What a command record may decode to: a command, or an envelope of commands.
+        self._accepted_types = definition.command_types + definition.envelope_types
         self._assigned: set[int] = set()
         self._restored: set[int] = set()
         # partition -> a due time below which its timer index holds no live entry. A tick scans
@@ -357,7 +359,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
         message = command_or_deadletter(
             self._codec,
             record,
-            d.command_types + d.envelope_types,
+            self._accepted_types,
             d.command_kind,
             out,
             d.deadletter_topic,
