@@ -1,14 +1,14 @@
-"""What one run-hour writes to the system of record (issue 16): events and bytes on runs.events.
+"""What one run-hour writes (issue 16): events and bytes on runs.events, runs.renewals, runs.states.
 
-A run is submitted, claimed and renewed at its heartbeat for an hour, then reports success,
-driven through the Run aggregate's own `decide`/`evolve` on a moved clock (no broker: the bytes
-are the records' encoded values and headers exactly as the coordinator writes them). It prints
-the count and bytes per event type and the share that renewals take, then what the same hour
-adds to the Run's compacted state changelog (runs.states): at a 20 s heartbeat each event is its
-own transaction, which carries the run's state after it and the partition's checkpoint. Those
-bytes are written, but compaction keeps only the last state of the run, so they are not retained.
+A run is submitted, claimed and renewed at its heartbeat for an hour, then reports success. It
+is driven through the lease coordinator's own processor (the one aggregate runtime, on the
+in-memory log twin and a moved clock: no broker, and the bytes are the records' encoded values,
+keys and headers exactly as the coordinator commits them). It runs twice, with every renewal on
+runs.events (`TENURE_LEASE_KEEPALIVE_FRACTION=0`, the layout before renewals were kept) and with
+the default fraction, and prints per topic the records and bytes written, per event type on
+runs.events, and what compaction retains of the state changelog.
 
-    .venv/bin/python -m bench.run_hour [--heartbeat-s 20] [--hours 1]
+    PYTHONPATH=. .venv/bin/python -m bench.run_hour [--heartbeat-s 20] [--lease-s 90] [--hours 1]
 """
 
 from __future__ import annotations
@@ -16,55 +16,92 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
-from services.common.aggregate.changelog import unit_records
-from services.common.kafka import OutboundRecord
-from services.common.messages import MessageCodec, record_bytes
-from services.common.topics import RUNS_EVENTS, RUNS_STATES
-from services.lease_coordinator.domain import RunState, evolve
-from services.lease_coordinator.state_codec import STATE_FORMAT, encode_state
-from tests.support.lease_run import Run, renew_cmd, report_cmd
+from services.common.clock import ManualClock
+from services.common.eventlog import MemoryEventLog
+from services.common.messages import MessageCodec
+from services.common.store import MemoryStore
+from services.common.topics import RUNS_EVENTS, RUNS_RENEWALS, RUNS_STATES
+from services.lease_coordinator.domain import LeasePolicy
+from services.lease_coordinator.processor import RunCommandProcessor
+from tests.support.lease_run import claim_cmd, renew_cmd, report_cmd
+from tests.unit.strategies import submit_command
+from tests.unit.test_run_processor import CommandTopic
 
 __all__ = ["main"]
+
+CODEC = MessageCodec()
+
+
+def _bytes(record: object) -> int:
+    key, value, headers = record.key, record.value, record.headers  # type: ignore[attr-defined]
+    return len(key or b"") + len(value) + sum(len(k) + len(v) for k, v in headers)
+
+
+def one_hour(fraction: float, heartbeat_s: int, lease_s: int, hours: float) -> MemoryEventLog:
+    log, clock, topic = MemoryEventLog(), ManualClock(), CommandTopic()
+    processor = RunCommandProcessor(
+        log, MemoryStore(), CODEC, clock, LeasePolicy(keepalive_fraction=fraction)
+    )
+    processor.handle([topic.record(submit_command("acme", "run-hour", command_id="submit"))])
+    run_id = next(
+        k.decode()
+        for (t, _), records in log.topics.items()
+        if t == RUNS_EVENTS.name
+        for k in [records[0].key]
+    )
+    claim = claim_cmd(run_id, command_id="claim", lease_seconds=lease_s, heartbeat_seconds=heartbeat_s)
+    processor.handle([topic.record(claim)])
+    lease = processor.load(run_id).lease  # type: ignore[union-attr]
+    assert lease is not None
+    renewals = int(hours * 3600 // heartbeat_s)
+    for sequence in range(1, renewals + 1):
+        clock.advance(heartbeat_s * 1000)
+        processor.handle([topic.record(renew_cmd(run_id, lease.attempt_id, lease.epoch, sequence))])
+        processor.tick()
+    clock.advance(1000)
+    processor.handle([topic.record(report_cmd(run_id, lease.attempt_id, lease.epoch, renewals + 1))])
+    return log
+
+
+def report(label: str, log: MemoryEventLog) -> tuple[int, int]:
+    print(label)
+    total_records = total_bytes = 0
+    for name in (RUNS_EVENTS.name, RUNS_RENEWALS.name, RUNS_STATES.name):
+        records = [r for (t, _), rs in log.topics.items() if t == name for r in rs]
+        size = sum(_bytes(r) for r in records)
+        total_records, total_bytes = total_records + len(records), total_bytes + size
+        print(f"  {name:<16} {len(records):>6} records {size:>10,} bytes")
+        if name == RUNS_EVENTS.name:
+            kinds: Counter[str] = Counter(type(CODEC.decode(r.value)).__name__ for r in records)
+            for kind, n in kinds.most_common():
+                print(f"    {kind:<22} {n:>6}")
+        if name == RUNS_STATES.name and records:
+            latest = {r.key: r for r in records}
+            kept = sum(_bytes(r) for r in latest.values())
+            print(f"    retained after compaction: {len(latest)} records, {kept:,} bytes")
+    print(f"  all topics       {total_records:>6} records {total_bytes:>10,} bytes written")
+    events = [r for (t, _), rs in log.topics.items() if t == RUNS_EVENTS.name for r in rs]
+    return len(events), sum(_bytes(r) for r in events)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--heartbeat-s", type=int, default=20)
+    parser.add_argument("--lease-s", type=int, default=90)
     parser.add_argument("--hours", type=float, default=1.0)
     args = parser.parse_args(argv)
-    run = Run()
-    grant = run.claim(lease_seconds=90, heartbeat_seconds=args.heartbeat_s)
-    renewals = int(args.hours * 3600 // args.heartbeat_s)
-    for sequence in range(1, renewals + 1):
-        run.at(run.now + args.heartbeat_s * 1000)
-        run.accept(renew_cmd(run.run_id, grant.attempt_id, grant.epoch, sequence))
-    run.at(run.now + 1000)
-    run.accept(report_cmd(run.run_id, grant.attempt_id, grant.epoch, renewals + 1, "succeeded"))
-    codec = MessageCodec()
-    count: Counter[str] = Counter()
-    size: Counter[str] = Counter()
-    for event in run.events:
-        record = codec.outbound(RUNS_EVENTS.name, run.run_id, event, 0)
-        kind = type(event).__name__
-        count[kind] += 1
-        size[kind] += record_bytes(record)
-    total_events, total_bytes = sum(count.values()), sum(size.values())
-    head = f"one run, {args.hours:g} h at a {args.heartbeat_s} s heartbeat"
-    print(f"{head}: {total_events} events, {total_bytes:,} bytes")
-    for kind, n in count.most_common():
-        print(f"  {kind:<22} {n:>6} events {size[kind]:>9,} bytes ({size[kind] / total_bytes:.0%})")
-    changelog: list[OutboundRecord] = []
-    state: RunState | None = None
-    for offset, event in enumerate(run.events):
-        state = evolve(state, event)
-        changelog += unit_records(
-            RUNS_STATES.name, [(run.run_id, 0, encode_state(state))], {0: offset}, STATE_FORMAT
-        )
-    written = sum(record_bytes(record) for record in changelog)
-    last_state = record_bytes(changelog[-2])  # the run's last state (the checkpoint follows it)
+    head = f"one run, {args.hours:g} h, {args.lease_s} s lease, {args.heartbeat_s} s heartbeat"
+    before = report(
+        f"{head}; every renewal on runs.events:", one_hour(0, args.heartbeat_s, args.lease_s, args.hours)
+    )
+    fraction = LeasePolicy().keepalive_fraction
+    after = report(
+        f"{head}; renewals kept off runs.events (keepalive fraction {fraction:g}):",
+        one_hour(fraction, args.heartbeat_s, args.lease_s, args.hours),
+    )
     print(
-        f"state changelog ({RUNS_STATES.name}): {len(changelog)} records, {written:,} bytes written;"
-        f" retained after compaction: 1 state of {last_state:,} bytes (plus the partition's checkpoint)"
+        f"runs.events, the record kept forever: {before[0]} -> {after[0]} events "
+        f"({after[0] / before[0]:.2f}x), {before[1]:,} -> {after[1]:,} bytes ({after[1] / before[1]:.2f}x)"
     )
     return 0
 

@@ -65,12 +65,16 @@ from services.common.topics import (
     BREAKERS_REJECTIONS,
     QUARANTINE_EVENTS,
     QUARANTINE_REJECTIONS,
+    RUNS_EVENTS,
+    RUNS_REJECTIONS,
+    RUNS_RENEWALS,
     TRAJECTORIES_EVENTS,
     TRAJECTORIES_REJECTIONS,
     WATCHDOG_EVENTS,
     WATCHDOG_REJECTIONS,
 )
 from services.common.tracing import annotate
+from services.projections.renewal_store import with_kept_renewals
 from services.quarantine.view import QuarantineBoard
 from services.schedules.view import ScheduleBoard
 
@@ -183,7 +187,10 @@ def open_dependencies(
     codec = MessageCodec()
     api_keys = load_api_keys()
     warn_if_development_mode(api_keys, "tenure-command-api")
-    decisions = DecisionListener(bootstrap_servers, codec)
+    # runs.renewals too: a renewal kept off runs.events is answered from there (issue 16).
+    decisions = DecisionListener(
+        bootstrap_servers, codec, topics=(RUNS_EVENTS.name, RUNS_REJECTIONS.name, RUNS_RENEWALS.name)
+    )
     trajectory_decisions = DecisionListener(
         bootstrap_servers,
         codec,
@@ -354,6 +361,21 @@ class ApiContext:
 
     async def view(self, run_id: str) -> dict[str, Any] | None:
         return await self.in_thread("the run views", self.deps.views.get, run_id)
+
+    async def with_every_renewal(self, run_id: str, view: dict[str, Any]) -> dict[str, Any]:
+        """LEASE-2: the view's lease records with the renewals kept off runs.events (issue 16,
+        on runs.renewals) merged in, everything on that topic as of now folded."""
+        if not view.get("lease") and not view.get("leaseHistory"):
+            return view
+        kept = await self.in_thread("the renewal history", self.deps.views.kept_renewals, run_id)
+        if not kept:
+            return view
+        lease = view.get("lease")
+        return {
+            **view,
+            "lease": with_kept_renewals(lease, kept) if lease else lease,
+            "leaseHistory": [with_kept_renewals(old, kept) for old in view.get("leaseHistory", [])],
+        }
 
     async def trajectory_view(self, run_id: str) -> dict[str, Any] | None:
         return await self.in_thread("the trajectory views", self.deps.views.trajectory, run_id)

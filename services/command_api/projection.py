@@ -30,7 +30,8 @@ from services.common.decisions import FollowerHealth
 from services.common.kafka import CommittedEnds, InboundRecord, TopicFollower
 from services.common.messages import MessageCodec, UndecodableRecord
 from services.common.store import RocksStore
-from services.common.topics import RUNS_EVENTS, TRAJECTORIES_EVENTS, WATCHDOG_EVENTS
+from services.common.topics import RUNS_EVENTS, RUNS_RENEWALS, TRAJECTORIES_EVENTS, WATCHDOG_EVENTS
+from services.projections.renewal_store import RenewalHistoryStore
 from services.projections.store import RunViewStore
 from services.projections.trajectory_store import TrajectoryViewStore
 from services.projections.watchdog_store import WatchdogViewStore
@@ -39,7 +40,8 @@ __all__ = ["VIEW_TOPICS", "ApiProjection", "FoldProgress", "LogEnds", "api_views
 
 log = logging.getLogger("tenure.api.projection")
 
-VIEW_TOPICS = (RUNS_EVENTS.name, TRAJECTORIES_EVENTS.name, WATCHDOG_EVENTS.name)
+# runs.renewals: LEASE-2's renewals kept off runs.events (services/projections/renewal_store.py).
+VIEW_TOPICS = (RUNS_EVENTS.name, TRAJECTORIES_EVENTS.name, WATCHDOG_EVENTS.name, RUNS_RENEWALS.name)
 
 _Apply = Callable[[Iterable[InboundRecord], Callable[[InboundRecord, UndecodableRecord], None]], int]
 
@@ -179,7 +181,7 @@ class LogEnds:
 
 
 class ApiProjection:
-    """Follows the three view topics into this instance's own store, one thread per topic."""
+    """Follows the view topics into this instance's own store, one thread per topic."""
 
     _POLL_S = 0.05
 
@@ -203,11 +205,13 @@ class ApiProjection:
         self.runs = RunViewStore(self.store, codec)
         self.trajectories = TrajectoryViewStore(self.store, codec)
         self.watchdogs = WatchdogViewStore(self.store, codec)
+        self.renewals = RenewalHistoryStore(self.store, codec)
         self.progress = FoldProgress()
         self._sides: dict[str, tuple[Callable[[], dict[int, int]], _Apply]] = {
             RUNS_EVENTS.name: (self.runs.offsets, self.runs.apply),
             TRAJECTORIES_EVENTS.name: (self.trajectories.offsets, self.trajectories.apply),
             WATCHDOG_EVENTS.name: (self.watchdogs.offsets, self.watchdogs.apply),
+            RUNS_RENEWALS.name: (self.renewals.offsets, self.renewals.apply),
         }
         self._targets: dict[str, dict[int, int] | None] = dict.fromkeys(VIEW_TOPICS)
         self._failures: dict[str, str | None] = dict.fromkeys(VIEW_TOPICS)

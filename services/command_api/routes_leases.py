@@ -333,7 +333,8 @@ def leases_router(ctx: ApiContext) -> APIRouter:
 
     @router.get("/runs/{run_id}/lease", summary="The lease record (LEASE-2)")
     async def lease_record(run_id: str) -> Any:
-        view = await existing_run(run_id)
+        """Every renewal: those on runs.events (the view's) and those kept on runs.renewals."""
+        view = await ctx.with_every_renewal(run_id, await existing_run(run_id))
         return {
             "runId": run_id,
             "runStatus": view["status"],

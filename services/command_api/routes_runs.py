@@ -269,6 +269,7 @@ def runs_router(ctx: ApiContext) -> APIRouter:
             raise ApiProblem("run-not-found", f"run {run_id} does not exist", runId=run_id)
         if asOf is not None:
             return await _as_of(run_id, view, asOf)
+        view = await ctx.with_every_renewal(run_id, view)
         ladder = await _watchdog_ladder(run_id)
         return view if ladder is None else {**view, "watchdog": ladder}
 

@@ -29,7 +29,8 @@ from services.command_api.projection import ApiProjection
 from services.common.decisions import FollowerHealth
 from services.common.messages import MessageCodec
 from services.common.store import KeyValueStore
-from services.common.topics import RUNS_EVENTS, TRAJECTORIES_EVENTS, WATCHDOG_EVENTS
+from services.common.topics import RUNS_EVENTS, RUNS_RENEWALS, TRAJECTORIES_EVENTS, WATCHDOG_EVENTS
+from services.projections.renewal_store import RenewalHistoryStore
 from services.projections.store import RunViewStore
 from services.projections.trajectory_store import TrajectoryViewStore
 from services.projections.watchdog_store import WatchdogViewStore
@@ -80,6 +81,7 @@ class ViewReader:
             self._views = RunViewStore(store, codec)
             self._trajectories = TrajectoryViewStore(store, codec)
             self._watchdogs = WatchdogViewStore(store, codec)
+        self._renewals = RenewalHistoryStore(store, codec) if store is not None else None
 
     # --- the stores and the barrier -----------------------------------------------------------
 
@@ -202,6 +204,14 @@ class ViewReader:
     def briefs(self, run_ids: builtins.list[str]) -> dict[str, dict[str, Any] | None]:
         """`brief` of each run, with at most one wait for the fold (a batch renewal's holder checks)."""
         return self._current_many(RUNS_EVENTS.name, lambda r: self._runs().brief(r), self._heard_run, run_ids)
+
+    def kept_renewals(self, run_id: str) -> dict[int, list[dict[str, Any]]]:
+        """The run's renewals on runs.renewals, by epoch (LEASE-2), everything on it as of now folded."""
+        if self._projection is None:
+            self._runs()
+            return self._renewals.of(run_id) if self._renewals is not None else {}
+        self._barrier(RUNS_RENEWALS.name)
+        return self._projection.renewals.of(run_id)
 
     def views(self, run_ids: builtins.list[str]) -> dict[str, dict[str, Any] | None]:
         """`get` of each run, with at most one wait for the fold."""

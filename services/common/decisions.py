@@ -23,7 +23,7 @@ from services.common.backoff import Backoff
 from services.common.contracts import EVENT_TYPES, CommandRejected
 from services.common.kafka import OutboundRecord, TopicFollower
 from services.common.messages import MessageCodec, UndecodableRecord
-from services.common.topics import RUNS_EVENTS, RUNS_REJECTIONS
+from services.common.topics import RUNS_EVENTS, RUNS_REJECTIONS, RUNS_RENEWALS
 
 __all__ = [
     "Decided",
@@ -254,11 +254,16 @@ class DecisionListener(DecisionBook):
         event_types: tuple[type[Any], ...] = EVENT_TYPES,
         client_id: str = "tenure-api-decisions",
     ) -> None:
-        """Follows `topics` (an aggregate's events and rejections) from their end."""
+        """Follows `topics` (an aggregate's events, rejections and kept decisions) from their end.
+
+        A kept decision (services/common/aggregate/keepalives.py: a renewal on runs.renewals)
+        answers its command, but its version is not heard: it is not on the events topic, and no
+        view will ever fold it."""
         super().__init__()
         self._codec = codec
         self._event_types = event_types
         self._topics = tuple(topics)
+        self._kept_topics = frozenset({RUNS_RENEWALS.name}) & frozenset(self._topics)
         self._stop = threading.Event()
         self._polled_at = time.monotonic()
         self._failure: str | None = None
@@ -304,7 +309,8 @@ class DecisionListener(DecisionBook):
                 if isinstance(message, CommandRejected):
                     self.deliver(message.causation_id, Rejected(message))
                 elif isinstance(message, self._event_types):
-                    self.heard(message.run_id, message.version)
+                    if record.topic not in self._kept_topics:
+                        self.heard(message.run_id, message.version)
                     self.deliver(message.causation_id, Decided(message))
         self._follower.close()
 

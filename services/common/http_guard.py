@@ -79,9 +79,7 @@ def _utf8(text: str, where: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise _Refusal(
-            "malformed-request", f"a lone surrogate escape (\\ud800-\\udfff) in {where}"
-        ) from None
+        raise _Refusal("malformed-request", f"a lone surrogate escape (\\ud800-\\udfff) in {where}") from None
 
 
 def _walk(document: Any, max_depth: int) -> None:

@@ -87,6 +87,7 @@ def instance_health_port(base_port: int, instance_id: str, stride: int) -> int:
         )
     return port
 
+
 P = TypeVar("P", bound=AggregateProcessor[Any, Any, Any, Any])
 
 

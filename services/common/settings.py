@@ -126,6 +126,13 @@ class TenureSettings(KafkaSettings):
     lease_seconds: int = Field(default=90, ge=1, le=3600, description="Default lease TTL (EXE-4).")
     heartbeat_seconds: int = Field(default=20, ge=1, le=1800, description="Default heartbeat interval.")
     lease_at_risk_fraction: float = Field(default=0.5, gt=0, lt=1)
+    lease_keepalive_fraction: float = Field(
+        default=0.5,
+        ge=0,
+        lt=1,
+        description="A renewal stays off runs.events (on runs.renewals) while the lease's last renewal "
+        "there is younger than this fraction of its TTL; 0: every renewal on runs.events (issue 16).",
+    )
     timer_interval_s: float = Field(default=0.1, gt=0, le=5)
     stop_grace_seconds: float = Field(
         default=30, gt=0, le=3600, description="How long a runner has to confirm a cancel or deadline stop."

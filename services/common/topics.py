@@ -27,6 +27,7 @@ __all__ = [
     "RUNS_COMMANDS",
     "RUNS_EVENTS",
     "RUNS_REJECTIONS",
+    "RUNS_RENEWALS",
     "RUNS_STATES",
     "SCHEDULES_COMMANDS",
     "SCHEDULES_EVENTS",
@@ -96,6 +97,16 @@ RUNS_STATES = TopicSpec(
     },
     purpose="Each Run's latest state, keyed by runId, written with its events: a restore reads it "
     "instead of folding runs.events (services/common/aggregate/changelog.py).",
+)
+RUNS_RENEWALS = TopicSpec(
+    name=f"{_PREFIX}runs.renewals",
+    partitions=RUNS_COMMANDS.partitions,
+    # LEASE-2's renewal history with a retention of its own (issue 16): the renewals the lease
+    # coordinator kept off runs.events (services/common/aggregate/keepalives.py). A restore reads
+    # only its tail, from the low-water mark the state changelog names.
+    config={"cleanup.policy": "delete", "retention.ms": _THIRTY_DAYS_MS},
+    purpose="Lease renewals kept off runs.events (LeaseRenewed), keyed by runId, co-partitioned "
+    "with runs.commands: the renewal history (LEASE-2).",
 )
 DEADLETTER = TopicSpec(
     name=f"{_PREFIX}tenure.deadletter",
@@ -232,6 +243,7 @@ TOPICS: tuple[TopicSpec, ...] = (
     RUNS_EVENTS,
     RUNS_REJECTIONS,
     RUNS_STATES,
+    RUNS_RENEWALS,
     DEADLETTER,
     POLICY,
     TRAJECTORIES_COMMANDS,

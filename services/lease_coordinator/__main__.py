@@ -20,6 +20,7 @@ def lease_policy(settings: TenureSettings) -> LeasePolicy:
         default_lease_ms=settings.lease_seconds * 1000,
         default_heartbeat_ms=settings.heartbeat_seconds * 1000,
         at_risk_fraction=settings.lease_at_risk_fraction,
+        keepalive_fraction=settings.lease_keepalive_fraction,
         stop_grace_ms=int(settings.stop_grace_seconds * 1000),
         auto_retry=settings.auto_retry,
         max_queued_per_tenant=settings.max_queued_per_tenant,

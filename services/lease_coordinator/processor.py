@@ -35,16 +35,18 @@ from services.common.contracts import (
     EVENT_TYPES,
     ClaimRun,
     RenewLeases,
+    LeaseRenewed,
     RunCommand,
     RunEvent,
     SubmitRun,
 )
 from services.common.eventlog import EventLog
+from services.common.frozen import replace as replace_fields
 from services.common.health import ProcessorMetrics
 from services.common.messages import MessageCodec
 from services.common.routing import partition_for_run
 from services.common.store import KeyValueStore
-from services.common.topics import RUNS_COMMANDS, RUNS_EVENTS, RUNS_REJECTIONS, RUNS_STATES
+from services.common.topics import RUNS_COMMANDS, RUNS_EVENTS, RUNS_REJECTIONS, RUNS_RENEWALS, RUNS_STATES
 from services.lease_coordinator.domain import (
     DEFAULT_POLICY,
     LeasePolicy,
@@ -54,6 +56,7 @@ from services.lease_coordinator.domain import (
     decide,
     decide_timers,
     evolve,
+    is_keepalive,
     next_timer_at,
     rejection_event,
     reservations,
@@ -171,6 +174,8 @@ class RunDefinition(AggregateDefinition[RunState, RunCommand, RunEvent, Admissio
     events_topic = RUNS_EVENTS.name
     rejections_topic = RUNS_REJECTIONS.name
     changelog_topic = RUNS_STATES.name
+    # Renewals of an active lease between two on runs.events (LeasePolicy.keepalive_fraction).
+    keepalive_topic = RUNS_RENEWALS.name
     # The layout of encode_state's JSON: a restore ignores changelog states of another one.
     state_format = STATE_FORMAT
     command_types = COMMAND_TYPES
@@ -201,6 +206,16 @@ class RunDefinition(AggregateDefinition[RunState, RunCommand, RunEvent, Admissio
 
     def commands_in(self, envelope: RenewLeases) -> Sequence[RunCommand]:
         return envelope.commands()
+    def is_keepalive(self, durable: RunState, events: Sequence[RunEvent]) -> bool:
+        return is_keepalive(durable, events, self.policy)
+
+    def replaces_kept(self, events: Sequence[RunEvent]) -> bool:
+        # A renewal's event holds the command's sequence and `now + TTL`: what a kept renewal
+        # changed (the last sequence, the expiry) only decided whether it was accepted.
+        return len(events) == 1 and isinstance(events[0], LeaseRenewed) and not events[0].run_started
+
+    def at_version(self, state: RunState, version: int) -> RunState:
+        return replace_fields(state, version=version)
 
     def expected_partition(self, aggregate_id: str) -> int:
         return partition_for_run(aggregate_id, RUNS_COMMANDS.partitions)

@@ -153,9 +153,7 @@ def follow(
             "watchdog-views",
         ),
     ]
-    workers = [
-        threading.Thread(target=side_loop, args=side[:4], name=side[4], daemon=True) for side in sides
-    ]
+    workers = [threading.Thread(target=side_loop, args=side[:4], name=side[4], daemon=True) for side in sides]
     for worker in workers:
         worker.start()
     try:

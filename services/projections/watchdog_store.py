@@ -79,7 +79,12 @@ class WatchdogViewStore:
         VersionGap. `on_undecodable` runs before the batch's offsets are stored, so a dead-letter
         write it makes can never be skipped by a crash."""
         batch = fold_batch(
-            records, self._codec, WATCHDOG_EVENT_TYPES, _OFFSET, self.fold, apply_watchdog_event,
+            records,
+            self._codec,
+            WATCHDOG_EVENT_TYPES,
+            _OFFSET,
+            self.fold,
+            apply_watchdog_event,
             on_undecodable,
         )
         puts = batch.puts

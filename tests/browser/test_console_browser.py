@@ -31,7 +31,10 @@ def test_a_key_is_asked_once_then_the_runs_list_filters_by_status_and_opens_a_ru
     assert rows(browser) == [], "no data without a key"
     sign_in(browser, base, "rita-key")
     assert wait_for(lambda: len(rows(browser)) == 4 and rows(browser), "the runs") == [
-        scene.queued, scene.frozen, scene.cancelled, scene.looping,
+        scene.queued,
+        scene.frozen,
+        scene.cancelled,
+        scene.looping,
     ]
     assert "rita" in browser.find_element(By.ID, "whoami").text
     assert "rita-key" not in browser.current_url

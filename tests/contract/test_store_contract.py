@@ -135,6 +135,7 @@ class StoreContract:
         # before the prefix: the whole prefix; after it: nothing
         assert [k for k, _ in store.scan("run/", start_after="a")] == ["run/a", "run/b", "run/c/nested"]
         assert list(store.scan("run/", start_after="zzz")) == []
+
     def test_scan_before_is_an_exclusive_upper_bound(self, store: KeyValueStore) -> None:
         store.write(KEYS)
         assert [k for k, _ in store.scan("run/", before="run/b")] == ["run/a"]
@@ -165,7 +166,6 @@ class StoreContract:
         for _ in range(50):
             assert [k for k, _ in store.scan("tenant/acme/")] == ["tenant/acme/0", "tenant/acme/1"]
         assert (time.perf_counter() - started) / 50 < 0.005
-
 
     def test_paging_with_start_after_visits_every_key_once(self, store: KeyValueStore) -> None:
         keys = [f"idx/{i:05d}" for i in range(23)]

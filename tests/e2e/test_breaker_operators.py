@@ -138,7 +138,10 @@ def test_an_operator_forces_a_breaker_open_with_a_reason_and_resets_it_brk_1_brk
         assert view["status"] == "forced-open" and view["reason"] == reason
         last = view["transitions"][-1]
         assert (last["type"], last["by"], last["reason"], last["previousStatus"]) == (
-            "BreakerForcedOpen", "olga", reason, "closed"
+            "BreakerForcedOpen",
+            "olga",
+            reason,
+            "closed",
         )
         # The breaker processor recorded it, once, with the reason and the operator (and the
         # submitter's attempt never became a command).
@@ -161,7 +164,13 @@ def test_an_operator_forces_a_breaker_open_with_a_reason_and_resets_it_brk_1_brk
 
         # The reset closes it, and says why.
         reset = system.cli(
-            "breakers", "reset", endpoint, "--reason", "provider is back", "-o", "json",
+            "breakers",
+            "reset",
+            endpoint,
+            "--reason",
+            "provider is back",
+            "-o",
+            "json",
             TENURE_CLI_API_KEY="olga-key",
         )
         assert reset.returncode == 0, reset.stderr

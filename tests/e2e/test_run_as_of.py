@@ -30,7 +30,9 @@ def test_a_run_as_of_each_version_and_time_is_the_fold_of_its_events_then(system
         assert heartbeat(client, grant, 1).status_code == 200
         assert heartbeat(client, grant, 2).status_code == 200
         now = client.get(f"/runs/{run_id}").json()
-        assert now["version"] == 4 and now["status"] == "running"
+        # The second renewal is kept off runs.events (issue 16): three versions, two renewals.
+        assert now["version"] == 3 and now["status"] == "running"
+        assert [r["sequence"] for r in now["lease"]["renewals"]] == [1, 2]
         history = now["history"]
 
         first = client.get(f"/runs/{run_id}", params={"asOf": "v1"}).json()

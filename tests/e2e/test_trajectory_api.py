@@ -30,7 +30,6 @@ from tests.support.tenure import problem_type, submit
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 
-
 @pytest.fixture(scope="module")
 def system(tenure_topics: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SagaSystem]:
     s = SagaSystem(tenure_topics, tmp_path_factory.mktemp("trajectories")).start()

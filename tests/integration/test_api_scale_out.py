@@ -94,6 +94,11 @@ def test_a_client_alternating_between_two_api_instances_always_sees_its_own_writ
             beat = _ok(a.post(f"/attempts/{lease.attempt_id}/heartbeat", json=renew))
             on_b = _ok(b.get(f"/runs/{run_id}/lease"))["lease"]
             assert on_b["attemptId"] == lease.attempt_id and on_b["expiresAt"] == beat["expiresAt"], on_b
+            # the next renewal stays off runs.events (issue 16): B's lease record shows it (LEASE-2)
+            again = _ok(a.post(f"/attempts/{lease.attempt_id}/heartbeat", json={**renew, "sequence": 2}))
+            on_b = _ok(b.get(f"/runs/{run_id}/lease"))["lease"]
+            assert on_b["expiresAt"] == again["expiresAt"], on_b
+            assert [r["sequence"] for r in on_b["renewals"]] == [1, 2], on_b
             # open the trajectory on B, read it on A; propose a step on A, read it on B
             started = trajectories_b.start_trajectory(lease)
             assert _ok(a.get(f"/runs/{run_id}/trajectory"))["version"] >= started["version"]

@@ -158,8 +158,10 @@ def test_a_sigkilled_broker_is_restarted_and_a_sigkilled_supervisor_leaves_no_ch
     up.process.wait(10)
     began = time.monotonic()
     wait_until(lambda: not any(alive(pid) for pid in children), 5, f"no child of {children} alive")
-    print(f"broker back and API ready ({how}) {recovered:.1f}s after the kill; "
-          f"children gone {time.monotonic() - began:.2f}s after the supervisor's SIGKILL")
+    print(
+        f"broker back and API ready ({how}) {recovered:.1f}s after the kill; "
+        f"children gone {time.monotonic() - began:.2f}s after the supervisor's SIGKILL"
+    )
 
 
 def test_sigterm_stops_services_then_the_broker_and_nothing_is_left(up: Up) -> None:

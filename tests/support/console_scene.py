@@ -122,12 +122,19 @@ def _effect(
         "effect_id": effect_id,
     }
     intent = RecordEffectIntent(
-        command_id=derived_id("cmd", effect_id, "intent"), **base,
-        idempotency_key=f"{run_id}/s{n}/d1", tool="env", operation=tool,
+        command_id=derived_id("cmd", effect_id, "intent"),
+        **base,
+        idempotency_key=f"{run_id}/s{n}/d1",
+        tool="env",
+        operation=tool,
     )
     tenure.publish(command_record(tenure.codec, intent))
-    done = RecordEffectOutcome(command_id=derived_id("cmd", effect_id, "outcome"), **base, outcome=outcome,
-                               detail="" if outcome == "committed" else "403 from the provider")
+    done = RecordEffectOutcome(
+        command_id=derived_id("cmd", effect_id, "outcome"),
+        **base,
+        outcome=outcome,
+        detail="" if outcome == "committed" else "403 from the provider",
+    )
     tenure.publish(command_record(tenure.codec, done))
 
 
@@ -141,14 +148,41 @@ def build_scene(client: httpx.Client, tenure: InMemoryTenure) -> Scene:
     _ok(client.post(f"/runs/{frozen}/trajectory", headers=RITA, json=lease), 201)
     step = {**lease, "tool": "vm.provision", "params": {"name": "web-1"}}
     _ok(client.post(f"/runs/{frozen}/trajectory/steps", headers=RITA, json=step), 202)
-    _executor(tenure, RecordStepOutcome, frozen, 1, step_index=0, dispatch=1, outcome="committed",
-              output=json.dumps({"vmId": "vm-7f3a"}))
+    _executor(
+        tenure,
+        RecordStepOutcome,
+        frozen,
+        1,
+        step_index=0,
+        dispatch=1,
+        outcome="committed",
+        output=json.dumps({"vmId": "vm-7f3a"}),
+    )
     step = {**lease, "tool": "ip.reserve", "params": {"region": "eu-west"}}
     _ok(client.post(f"/runs/{frozen}/trajectory/steps", headers=RITA, json=step), 202)
-    _executor(tenure, RecordStepOutcome, frozen, 2, step_index=1, dispatch=1, outcome="failed",
-              error_kind="permission-denied", error_message=f"no quota in eu-west {SCRIPT}", error_status=403)
-    _executor(tenure, RecordCompensationOutcome, frozen, 3, step_index=0, attempt=1, outcome="fatal",
-              error_kind="internal", error_message="vm.terminate: the VM is locked")
+    _executor(
+        tenure,
+        RecordStepOutcome,
+        frozen,
+        2,
+        step_index=1,
+        dispatch=1,
+        outcome="failed",
+        error_kind="permission-denied",
+        error_message=f"no quota in eu-west {SCRIPT}",
+        error_status=403,
+    )
+    _executor(
+        tenure,
+        RecordCompensationOutcome,
+        frozen,
+        3,
+        step_index=0,
+        attempt=1,
+        outcome="fatal",
+        error_kind="internal",
+        error_message="vm.terminate: the VM is locked",
+    )
     _effect(tenure, frozen, lease, 0, "vm.provision", "committed")
     _effect(tenure, frozen, lease, 1, "ip.reserve", "failed")
     incidents = _ok(client.get("/incidents", headers=OLGA), 200)["items"]
@@ -327,6 +361,11 @@ def quarantine_scene(tenure: ConsoleTenure, scene: Scene) -> None:
         )
     )
     tenure.quarantine(
-        TaintRun(**header(graph, "tenure-quarantine"), tainted_run_id=scene.frozen, since_step=-1, since_at=0,
-                 quarantine_event_id="q-1")
+        TaintRun(
+            **header(graph, "tenure-quarantine"),
+            tainted_run_id=scene.frozen,
+            since_step=-1,
+            since_at=0,
+            quarantine_event_id="q-1",
+        )
     )

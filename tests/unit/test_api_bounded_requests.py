@@ -83,9 +83,12 @@ def test_every_write_route_answers_within_the_timeout_during_an_outage(api: Any)
     queued = _submit(client, "queued").json()["runId"]
     grant = client.post(f"/runs/{run_id}/attempts", headers=RITA, json={"runnerId": "r"}).json()
     attempt, epoch = grant["attemptId"], grant["epoch"]
-    assert client.post(
-        f"/runs/{run_id}/trajectory", headers=RITA, json={"attemptId": attempt, "leaseEpoch": epoch}
-    ).status_code == 201
+    assert (
+        client.post(
+            f"/runs/{run_id}/trajectory", headers=RITA, json={"attemptId": attempt, "leaseEpoch": epoch}
+        ).status_code
+        == 201
+    )
     tenure.mode = "down"
     lease = {"attemptId": attempt, "leaseEpoch": epoch}
     calls = {

@@ -277,6 +277,7 @@ def test_trajectory_commands_under_the_same_key(api: Any) -> None:
     assert _conflict(changed)["fields"] == ["params"]
     assert len(tenure.commands_of(ProposeStep)) == 1
 
+
 def test_abort_under_the_same_key_with_another_reason_is_a_conflict(api: Any) -> None:
     """Finish, abort and adopt record only who sent them: a different body is told by the command
     id's fingerprint, and the fields the view does not record are named as candidates."""

@@ -206,8 +206,15 @@ def test_only_an_operator_may_override_a_breaker_and_a_refusal_records_nothing_b
 
 @pytest.mark.parametrize(
     "body",
-    [{}, {"reason": ""}, {"reason": "   "}, {"reason": "x" * (MAX_REASON_CHARS + 1)}, {"reason": 7},
-     {"reason": "ok", "force": True}, {"reason": "nul \u0000"}],
+    [
+        {},
+        {"reason": ""},
+        {"reason": "   "},
+        {"reason": "x" * (MAX_REASON_CHARS + 1)},
+        {"reason": 7},
+        {"reason": "ok", "force": True},
+        {"reason": "nul \u0000"},
+    ],
 )
 def test_a_reason_is_required_and_bounded(api: Any, body: dict[str, Any]) -> None:
     client, tenure = api
@@ -310,11 +317,19 @@ def test_bulkheads_show_the_configured_domains_and_limits_brk_4(
         body = client.get("/bulkheads", headers=RITA).json()
     pools = {p["pool"]: p for p in body["pools"]}
     assert pools["local"] == {
-        "pool": "local", "domain": "local", "concurrency": 64, "queue": 64, "timeoutMs": 500
+        "pool": "local",
+        "domain": "local",
+        "concurrency": 64,
+        "queue": 64,
+        "timeoutMs": 500,
     }
     assert pools["external"]["concurrency"] == 12 and pools["external"]["timeoutMs"] == 5_000
     assert pools["tool:search"] == {
-        "pool": "tool:search", "domain": "external", "concurrency": 4, "queue": 8, "timeoutMs": 3000
+        "pool": "tool:search",
+        "domain": "external",
+        "concurrency": 4,
+        "queue": 8,
+        "timeoutMs": 3000,
     }
     assert body["tools"] == [
         {"tool": "env", "domain": "internal", "pool": "internal"},

@@ -69,8 +69,14 @@ def _runs(page: str) -> list[str]:
 
 def test_pages_are_shells_that_hold_no_data_and_need_no_key(console: Any) -> None:
     client, _, scene = console
-    for path in ("/ui/runs", f"/ui/runs/{scene.frozen}", f"/ui/runs/{scene.frozen}/trajectory",
-                 "/ui/incidents", "/ui/breakers", "/ui/schedules"):
+    for path in (
+        "/ui/runs",
+        f"/ui/runs/{scene.frozen}",
+        f"/ui/runs/{scene.frozen}/trajectory",
+        "/ui/incidents",
+        "/ui/breakers",
+        "/ui/schedules",
+    ):
         page = client.get(path)
         assert page.status_code == 200, (path, page.text)
         assert page.headers["content-type"].startswith("text/html")
@@ -84,8 +90,14 @@ def test_pages_are_shells_that_hold_no_data_and_need_no_key(console: Any) -> Non
 
 def test_fragments_authenticate_exactly_as_the_json_routes_do(console: Any) -> None:
     client, _, scene = console
-    paths = ["/ui/fragments/runs", f"/ui/fragments/runs/{scene.frozen}/timeline", "/ui/fragments/breakers",
-             "/ui/fragments/incidents", "/ui/fragments/schedules", "/ui/fragments/whoami"]
+    paths = [
+        "/ui/fragments/runs",
+        f"/ui/fragments/runs/{scene.frozen}/timeline",
+        "/ui/fragments/breakers",
+        "/ui/fragments/incidents",
+        "/ui/fragments/schedules",
+        "/ui/fragments/whoami",
+    ]
     for path in paths:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic b2xnYTp4"}):
             body = _problem(client.get(path, headers=headers), 401, "unauthenticated")
@@ -96,8 +108,14 @@ def test_fragments_authenticate_exactly_as_the_json_routes_do(console: Any) -> N
 
 def test_development_mode_is_open_as_the_api_is(tmp_path: Path) -> None:
     with api_client(tmp_path) as (client, _):
-        assert client.post("/runs", headers={"Idempotency-Key": "a"},
-                           json={"tenant": "t", "executionSpec": {}, "timeoutSeconds": 60}).status_code == 201
+        assert (
+            client.post(
+                "/runs",
+                headers={"Idempotency-Key": "a"},
+                json={"tenant": "t", "executionSpec": {}, "timeoutSeconds": 60},
+            ).status_code
+            == 201
+        )
         assert len(_runs(_fragment(client, "/ui/fragments/runs", {}))) == 1
         assert "development mode" in _fragment(client, "/ui/fragments/whoami", {})
 
@@ -137,7 +155,9 @@ def test_the_runs_list_filters_by_status_tenant_label_time_and_id(console: Any) 
     since = _iso(cut)
     assert _runs(_fragment(client, f"/ui/fragments/runs?since={since}")) == [scene.cancelled, scene.looping]
     assert _runs(_fragment(client, f"/ui/fragments/runs?until={since}")) == [
-        scene.queued, scene.frozen, scene.cancelled,
+        scene.queued,
+        scene.frozen,
+        scene.cancelled,
     ]
     assert _runs(_fragment(client, "/ui/fragments/runs?until=2000-01-01T00:00")) == []
 

@@ -12,6 +12,7 @@ from services.common.aggregate import StateCodec
 from services.common.clock import ManualClock
 from services.common.eventlog import MemoryEventLog
 from services.common.store import MemoryStore
+from services.lease_coordinator.domain import LeasePolicy
 from services.lease_coordinator.processor import RunCommandProcessor
 from services.lease_coordinator.state_codec import decode_state, encode_state
 from tests.support.lease_run import claim_cmd, renew_cmd
@@ -33,7 +34,8 @@ def _counting(processor: RunCommandProcessor) -> list[bytes]:
 
 def test_a_renewal_reads_back_the_state_the_last_command_wrote_without_decoding_it() -> None:
     log, store, topic = MemoryEventLog(), MemoryStore(), CommandTopic()
-    processor = RunCommandProcessor(log, store, CODEC, ManualClock())
+    # Every renewal on runs.events (none kept off it): each writes the state the next one reads.
+    processor = RunCommandProcessor(log, store, CODEC, ManualClock(), LeasePolicy(keepalive_fraction=0))
     decoded = _counting(processor)
     submit = submit_command("acme", "k1", command_id="s-1")
     processor.handle([topic.record(submit)])

@@ -22,7 +22,5 @@ REPO = Path(__file__).resolve().parents[2]
 def test_import_contracts_are_kept() -> None:
     executable = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
     assert executable is not None, "import-linter is a dev dependency: pip install -e '.[dev]'"
-    result = subprocess.run(
-        [executable, "--no-cache"], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
+    result = subprocess.run([executable, "--no-cache"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]

@@ -142,7 +142,9 @@ def test_the_cooldown_is_read_from_whichever_field_the_answer_carries(clock: Fak
                     "type": "/problems/tool-refused",
                     "detail": "refused",
                     "observation": {
-                        "code": ERR_CIRCUIT_OPEN, "dependency": "search", "cooldownRemainingS": 7
+                        "code": ERR_CIRCUIT_OPEN,
+                        "dependency": "search",
+                        "cooldownRemainingS": 7,
                     },
                 },
             ),

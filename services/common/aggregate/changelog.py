@@ -35,9 +35,11 @@ __all__ = [
     "CHECKPOINT_KEY",
     "COMPLETE_KEY",
     "FORMAT_HEADER",
+    "KEEPALIVE_KEY",
     "ChangelogSeed",
     "checkpoint_record",
     "complete_record",
+    "keepalive_record",
     "read_seed",
     "reseed_records",
     "state_record",
@@ -50,6 +52,9 @@ CHECKPOINT_KEY = b"\x00checkpoint"
 # partition whose events were empty, or by a restore that wrote the changelog again. A changelog
 # without it (records written since an upgrade that introduced it) is never trusted.
 COMPLETE_KEY = b"\x00complete"
+# The keepalive topic's low-water mark (services/common/aggregate/keepalives.py): a restore into
+# an empty store reads the kept events from there instead of from the topic's start.
+KEEPALIVE_KEY = b"\x00keepalive"
 FORMAT_HEADER = "tenure-state-format"
 
 
@@ -62,17 +67,19 @@ def state_record(
 
 
 def checkpoint_record(topic: str, partition: int, events_offset: int, state_format: str) -> OutboundRecord:
-    return OutboundRecord(
-        topic,
-        CHECKPOINT_KEY,
-        str(events_offset).encode(),
-        ((FORMAT_HEADER, state_format.encode()),),
-        partition,
-    )
+    return _mark(topic, CHECKPOINT_KEY, partition, str(events_offset).encode(), state_format)
 
 
 def complete_record(topic: str, partition: int, state_format: str) -> OutboundRecord:
-    return OutboundRecord(topic, COMPLETE_KEY, b"1", ((FORMAT_HEADER, state_format.encode()),), partition)
+    return _mark(topic, COMPLETE_KEY, partition, b"1", state_format)
+
+
+def keepalive_record(topic: str, partition: int, keepalive_offset: int, state_format: str) -> OutboundRecord:
+    return _mark(topic, KEEPALIVE_KEY, partition, str(keepalive_offset).encode(), state_format)
+
+
+def _mark(topic: str, key: bytes, partition: int, value: bytes, state_format: str) -> OutboundRecord:
+    return OutboundRecord(topic, key, value, ((FORMAT_HEADER, state_format.encode()),), partition)
 
 
 @dataclass
@@ -83,6 +90,7 @@ class ChangelogSeed:
 
     usable: bool = False
     checkpoint: int = 0
+    keepalive_from: int = 0  # the keepalive topic's low-water mark (0: none written yet)
     states: dict[str, bytes] = field(default_factory=dict)
     records: int = 0
 
@@ -106,10 +114,12 @@ def read_seed(log: EventLog, topic: str, partition: int, state_format: str) -> C
     if any(written_format != wanted for _, written_format in latest.values()):
         return seed
     checkpoint, complete = latest.pop(CHECKPOINT_KEY, None), latest.pop(COMPLETE_KEY, None)
+    keepalive = latest.pop(KEEPALIVE_KEY, None)
     if checkpoint is None or complete is None:
         return seed  # written since an upgrade only, or cut while being written again: not whole
     seed.usable = True
     seed.checkpoint = int(checkpoint[0])
+    seed.keepalive_from = int(keepalive[0]) if keepalive is not None else 0
     seed.states = {key.decode(): value for key, (value, _) in latest.items()}
     return seed
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from services.common.aggregate.definition import BatchContext
+from services.common.aggregate.keepalives import Kept
 from services.common.kafka import OutboundRecord
 
 __all__ = ["BatchOutcome", "Changes", "Decided"]
@@ -28,6 +29,7 @@ class BatchOutcome:
     duplicates: int = 0
     failed: int = 0
     accepted: int = 0
+    kept: int = 0  # of the accepted: decisions kept off the events topic (keepalives.py)
     published: int = 0
     restored_events: dict[int, int] = field(default_factory=dict)
 
@@ -52,6 +54,10 @@ class Decided(Generic[S, E]):
     events: list[tuple[E, int]]
     after: S | None
     refused: bool = False
+    # With keepalives (keepalives.py): the decision stays off the events topic (`written` holds
+    # its keepalive record), or its events begin with the aggregate's kept event.
+    kept: Kept[S, E] | None = None
+    unkept: bool = False
 
 
 @dataclass
@@ -71,6 +77,11 @@ class Changes(Generic[S, E]):
     published: list[OutboundRecord] = field(default_factory=list)
     # aggregateId -> its state's bytes, when already encoded for the changelog (encoded once)
     encoded: dict[str, bytes] = field(default_factory=dict)
+    # Keepalives (keepalives.py): aggregateId -> its newest kept event; the aggregates whose kept
+    # event this unit put on the events topic; the state each one's index entries were made from.
+    kept: dict[str, Kept[S, E]] = field(default_factory=dict)
+    unkept: set[str] = field(default_factory=set)
+    indexed_before: dict[str, S | None] = field(default_factory=dict)
 
     def settle(self, partition: int, aggregate_id: str, previous: S | None, state: S) -> None:
         """Take `state` as the aggregate's new state; `previous` is the one it was decided on."""

@@ -15,6 +15,7 @@ and a state has a `status` enum.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -175,6 +176,11 @@ class AggregateDefinition(ABC, Generic[S, C, E, X]):
     # state in it was written in this format; otherwise it folds the events and writes the
     # changelog again. Change it whenever decoding an older state could be wrong.
     state_format: str = "1"
+    # A topic co-partitioned with the events, or None: decisions `is_keepalive` accepts are
+    # committed there instead of on the events topic and kept in memory until the aggregate's
+    # next other decision puts them on the log (services/common/aggregate/keepalives.py). Only
+    # for an aggregate with a changelog (it carries the keepalives' low-water mark).
+    keepalive_topic: str | None = None
 
     # --- the pure core -------------------------------------------------------------------------
 
@@ -194,6 +200,22 @@ class AggregateDefinition(ABC, Generic[S, C, E, X]):
         status = self.status(state) if state is not None else None
         version = self.version(state) if state is not None else 0
         return Refused(CommandRejected.of(command, code, detail, status, version, now_ms))
+
+    def is_keepalive(self, durable: S, events: Sequence[E]) -> bool:
+        """Whether `events` (one event, decided against `durable`, the fold of the events topic, or
+        against it with a kept event applied) may stay off the events topic (`keepalive_topic`)."""
+        return False
+
+    def replaces_kept(self, events: Sequence[E]) -> bool:
+        """Whether `events`, decided against a kept event's state at the durable version, may go
+        on the events topic right after the durable state, the kept event staying on the
+        keepalive topic alone (the Run: the next renewal there): their content must not depend
+        on what the kept event changed, only their validity."""
+        return False
+
+    def at_version(self, state: S, version: int) -> S:
+        """`state` with its version set (a kept event's successor is decided at the durable one)."""
+        return dataclasses.replace(state, version=version)  # type: ignore[type-var]
 
     # --- identities (the contracts' conventions; override for an aggregate that differs) -------
 

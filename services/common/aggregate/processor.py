@@ -18,6 +18,10 @@ of every aggregate (each step can be cut by SIGKILL):
      raises is set aside (services/common/poison.py): dead-lettered and refused in the batch's
      transaction, and the batch goes on. A timer tick decides every due timer the same way; a
      timer whose work raises is dead-lettered and skipped until its aggregate changes.
+     A definition with a `keepalive_topic` may keep a decision off its events topic (a lease
+     renewal): its one event goes to that topic in step 3 and is kept in memory, and the next
+     other decision or timer work puts it on the events topic first (keepalives.py, with the
+     argument why a restore loses none of them).
   3. One Kafka transaction: the events, the refusals, the dead letters and the transaction
      outputs of the batch (`transaction_outputs`) land together or not at all. Then the
      `published_outputs` of its events, naming each event's exact offset, are published
@@ -49,19 +53,18 @@ from typing import Generic, TypeVar
 from services.common.aggregate import changelog
 from services.common.aggregate.changes import BatchOutcome, Changes, Decided
 from services.common.aggregate.definition import AggregateDefinition, Refused, Transition
-from services.common.aggregate.envelopes import open_envelope
+from services.common.aggregate.intake import Intake
+from services.common.aggregate.keepalives import Kept, KeptDecisions, decide_with_kept, read_kept
 from services.common.aggregate.restore import PartitionRestorer
 from services.common.avro import SchemaRegistryError
 from services.common.clock import Clock
 from services.common.eventlog import EventLog
 from services.common.health import ProcessorMetrics
 from services.common.kafka import InboundRecord, OutboundRecord
-from services.common.messages import MessageCodec, command_or_deadletter
+from services.common.messages import MessageCodec
 from services.common.poison import (
     TIMER_FAILED,
     ensure_writable,
-    failure_reason,
-    set_aside_command,
     set_aside_timer,
 )
 from services.common.store import KeyValueStore
@@ -107,8 +110,6 @@ class AggregateProcessor(Generic[S, C, E, X]):
         self._clock = clock
         self._on_changed = on_changed
         self._layout = definition.layout
-        # What a command record may decode to: a command, or an envelope of commands.
-        self._accepted_types = definition.command_types + definition.envelope_types
         self._assigned: set[int] = set()
         self._restored: set[int] = set()
         # partition -> a due time below which its timer index holds no live entry. A tick scans
@@ -122,7 +123,8 @@ class AggregateProcessor(Generic[S, C, E, X]):
         self._lock = threading.Lock()
         self._decoded: dict[str, tuple[bytes, S]] = {}  # oldest first
         self._decoded_lock = threading.Lock()  # `load` is also called outside `_lock`
-        self.misrouted = 0
+        self._kept: KeptDecisions[S, E] = KeptDecisions()  # keepalives.py
+        self._intake: Intake[S, C] = Intake(definition, codec, self.metrics.deadlettered)
         # aggregateId -> the version whose timer work failed. Read once, then kept in step with
         # every write (like the refused ids, a store fact).
         self._failed_timers: dict[str, int] = {}
@@ -149,6 +151,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
             self._assigned.clear()
             self._restored.clear()
             self._timer_floor.clear()
+            self._kept.clear()
 
     def restore_partitions(self, partitions: set[int]) -> dict[int, int]:
         with self._lock:
@@ -158,6 +161,11 @@ class AggregateProcessor(Generic[S, C, E, X]):
     def restore(self, partition: int) -> int:
         with self._lock:
             return self._restore(partition)
+
+    @property
+    def misrouted(self) -> int:
+        """Commands that arrived on a partition their aggregate does not route to."""
+        return self._intake.misrouted
 
     def restored_partitions(self) -> frozenset[int]:
         """The partitions whose state is current, for readiness (read without the lock: a batch
@@ -195,10 +203,27 @@ class AggregateProcessor(Generic[S, C, E, X]):
             self._restore(partition)
 
     def _restore(self, partition: int) -> int:
+        self._kept.drop_partition(partition)
         restored = self._restorer.restore(partition)
+        if self.definition.keepalive_topic is not None:
+            self._restore_kept(partition, self.definition.keepalive_topic)
         self._timer_floor.pop(partition, None)
         self._restored.add(partition)
         return restored
+
+    def _restore_kept(self, partition: int, topic: str) -> None:
+        """After the fold: the kept events still live, from the keepalive topic's low-water mark
+        to its end (keepalives.py), with their timer index entries."""
+        start, end = self.checkpoint(partition, topic), self._log.end_offset(topic, partition)
+        records = self._log.read(topic, partition, start) if 0 <= start < end else ()
+        kept = read_kept(self.definition, records, self._restorer.decode_logged, self.load, partition)
+        changes = self._changes()
+        changes.kept = kept
+        changes.indexed_before = {i: k.durable for i, k in kept.items()}
+        changes.checkpoints[self._layout.checkpoint_key(topic, partition)] = start if kept else end
+        self._persist(changes)
+        self._kept.apply(kept, ())
+        self._kept.ends[partition] = end
 
     # --- commands (steps 2 to 5) ----------------------------------------------------------------
 
@@ -210,6 +235,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
                 # The commit may have landed before the failure: restore from the log before
                 # any retry instead of trusting what this process believes it wrote.
                 self._restored.clear()
+                self._kept.clear()
                 raise
         if changed:
             self._notify(changed)
@@ -229,7 +255,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
         out: list[OutboundRecord] = []
         events: list[tuple[E, int]] = []
         for record in records:
-            commands = self._commands_of(record, out)
+            commands = self._intake.commands_of(record, out)
             if not commands:
                 outcome.commands += 1
                 outcome.deadlettered += 1
@@ -262,19 +288,20 @@ class AggregateProcessor(Generic[S, C, E, X]):
         # Reads of the store stay outside the guard: their failure is the infrastructure's.
         aggregate_id = d.aggregate_id(command)
         state = self._state(changes, aggregate_id)
+        kept = self._kept.of(changes, aggregate_id)
         context = changes.context.decide_context(command, state)
         partition = changes.partition(aggregate_id, record.partition)
         try:
             # Tracing (issue 17): the decision continues the trace the command's headers
             # carry, and its records (events, refusal) carry the decision's own context.
             with decide_span(record, command):
-                decided = self._decide_one(record, command, state, now, context, partition, changes)
+                decided = self._decide_one(record, command, state, kept, now, context, partition, changes)
                 decided.written[:] = traced_records(decided.written)
                 remember(aggregate_id)
         except SchemaRegistryError:
             raise  # the registry's outage, not the command's fault: retry the batch
         except Exception as exc:
-            out += self._set_aside(record, command, state, exc, now)
+            out += self._intake.set_aside(record, command, state, exc, now)
             changes.rejected.add(command_id)
             outcome.failed += 1
             return
@@ -282,10 +309,15 @@ class AggregateProcessor(Generic[S, C, E, X]):
         if decided.refused:
             changes.rejected.add(command_id)
             outcome.rejections += 1
+        elif decided.kept is not None:
+            changes.kept[aggregate_id] = decided.kept
+            outcome.accepted += 1
+            outcome.kept += 1
         elif not decided.events or decided.after is None:
             outcome.duplicates += 1  # decided before: nothing new happens
         else:
             changes.settle(partition, aggregate_id, state, decided.after)
+            self._kept.settle(changes, aggregate_id, decided.unkept)
             events.extend(decided.events)
             outcome.events += len(decided.events)
             outcome.accepted += 1
@@ -295,6 +327,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
         record: InboundRecord,
         command: C,
         state: S | None,
+        kept: Kept[S, E] | None,
         now: int,
         context: X,
         partition: int,
@@ -303,13 +336,32 @@ class AggregateProcessor(Generic[S, C, E, X]):
         """One command on values only: nothing of the batch changes until this returns, so a
         command that raises leaves no trace."""
         d = self.definition
-        decision = d.decide(state, command, now, context)
+        key = d.aggregate_id(command)
+        if d.keepalive_topic is None:
+            decision, materialise = d.decide(state, command, now, context), None
+        else:
+            outcome = decide_with_kept(d, state, kept, command, now, context)
+            decision, materialise = outcome.decision, outcome.materialise
+            if outcome.replaces:
+                decided = self._evolve(key, partition, state, outcome.decision, changes)  # type: ignore[arg-type]
+                decided.unkept = True
+                return decided
+            if outcome.keep is not None:
+                assert state is not None and outcome.effective is not None
+                written = [self._codec.outbound(d.keepalive_topic, key, outcome.keep, record.partition)]
+                ensure_writable(written)
+                offset = self._kept.ends.get(partition, 0)
+                entry = Kept(outcome.keep, state, outcome.effective, partition, offset)
+                return Decided(written, [], None, kept=entry)
         if isinstance(decision, Refused):
-            key = d.aggregate_id(command)
             written = [self._codec.outbound(d.rejections_topic, key, decision.record, record.partition)]
             ensure_writable(written)
             return Decided(written, [], state, refused=True)
-        return self._evolve(d.aggregate_id(command), partition, state, decision, changes)
+        if materialise is not None:
+            decided = self._evolve(key, partition, state, (materialise, *decision), changes)
+            decided.unkept = True
+            return decided
+        return self._evolve(key, partition, state, decision, changes)
 
     def _evolve(
         self, aggregate_id: str, partition: int, state: S | None, events: Sequence[E], changes: Changes[S, E]
@@ -331,67 +383,6 @@ class AggregateProcessor(Generic[S, C, E, X]):
         if applied:
             changes.context.accept(partition, applied)
         return Decided(written, [(t.event, partition) for t in applied], after)
-
-    def _set_aside(
-        self, record: InboundRecord, command: C, state: S | None, exc: Exception, now: int
-    ) -> list[OutboundRecord]:
-        """The dead letter and refusal of a command whose handling raised; the batch goes on."""
-        d = self.definition
-        self.metrics.deadlettered(failure_reason(exc))
-        return set_aside_command(
-            self._codec,
-            record,
-            command,
-            exc,
-            now,
-            processor=d.processor_name,
-            deadletter_topic=d.deadletter_topic,
-            rejections_topic=d.rejections_topic,
-            current_status=d.status(state) if state is not None else None,
-            current_version=d.version(state) if state is not None else 0,
-            log=d.log,
-        )
-
-    def _commands_of(self, record: InboundRecord, out: list[OutboundRecord]) -> Sequence[C]:
-        """The command in `record`, or the commands of the envelope it is; none after its dead
-        letter was appended to `out`."""
-        d = self.definition
-        message = command_or_deadletter(
-            self._codec,
-            record,
-            self._accepted_types,
-            d.command_kind,
-            out,
-            d.deadletter_topic,
-            d.log,
-            self.metrics.deadlettered,
-        )
-        if message is None:
-            return ()
-        if d.envelope_types and isinstance(message, d.envelope_types):
-            return open_envelope(d, record, message, out, self.metrics.deadlettered)
-        self._check_route(record, d.aggregate_id(message))
-        return (message,)
-
-    def _check_route(self, record: InboundRecord, aggregate_id: str) -> None:
-        # An aggregate's commands must all reach the partition its id routes to (services.
-        # common.routing); otherwise two processors could own one tenant's load. Counted and
-        # logged rather than refused, so a misconfigured producer degrades admission, not runs.
-        try:
-            expected = self.definition.expected_partition(aggregate_id)
-            if expected is None:
-                return
-        except ValueError:
-            expected = None
-        if expected != record.partition:
-            self.misrouted += 1
-            if self.misrouted in (1, 10, 100) or self.misrouted % 1000 == 0:
-                self.definition.log.warning(
-                    "%d command(s) arrived on a partition their aggregate does not route to (last: %s on %d)",
-                    self.misrouted,
-                    aggregate_id,
-                    record.partition,
-                )
 
     # --- timers ---------------------------------------------------------------------------------
 
@@ -432,9 +423,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
                     kept = min(kept, due)
                     continue  # gone, or its timer work failed at this very version: wait for a change
                 try:
-                    decided = self._evolve(
-                        aggregate_id, partition, state, d.decide_timers(state, now), changes
-                    )
+                    decided = self._decide_timers(aggregate_id, partition, state, now, changes)
                 except SchemaRegistryError:
                     raise  # the registry's outage, not the timer's fault: retry the tick
                 except Exception as exc:
@@ -444,6 +433,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
                     continue
                 if decided.events and decided.after is not None:
                     changes.settle(partition, aggregate_id, state, decided.after)
+                    self._kept.settle(changes, aggregate_id, decided.unkept)
                     out.extend(decided.written)
                     events.extend(decided.events)
                 else:
@@ -462,6 +452,20 @@ class AggregateProcessor(Generic[S, C, E, X]):
         if out:
             self._commit(out, events, changes)
         return written + len(events)
+
+    def _decide_timers(
+        self, aggregate_id: str, partition: int, state: S, now: int, changes: Changes[S, E]
+    ) -> Decided[S, E]:
+        """The due timers of the state the aggregate's decisions see: with a kept event, the state
+        after it, which then goes on the events topic first (keepalives.py)."""
+        d = self.definition
+        kept = self._kept.of(changes, aggregate_id)
+        if kept is None:
+            return self._evolve(aggregate_id, partition, state, d.decide_timers(state, now), changes)
+        due = d.decide_timers(d.evolve(state, kept.event), now)
+        decided = self._evolve(aggregate_id, partition, state, (kept.event, *due) if due else (), changes)
+        decided.unkept = bool(due)
+        return decided
 
     def _set_timer_aside(
         self, partition: int, aggregate_id: str, state: S, due: int, exc: Exception
@@ -496,11 +500,18 @@ class AggregateProcessor(Generic[S, C, E, X]):
         started = time.monotonic()
         if d.changelog_topic is not None and changes.after:
             out = out + self._changelog_records(d.changelog_topic, events, changes)
+        if d.keepalive_topic is not None and (changes.kept or changes.unkept):
+            out = out + self._kept.marks(changes, d)
         with commit_span(d.name, len(out)):  # tracing (issue 17): linked to the batch's decisions
             written = self._log.commit(out)
+        counted = events
+        if d.keepalive_topic is not None:
+            # A kept event is counted when it is kept, not again when it goes on the events topic.
+            counted = self._kept.counted(changes, events)
+            self._kept.committed(changes, written, d.keepalive_topic)
         if out:
             self.metrics.transaction(time.monotonic() - started)
-        self.metrics.committed(events)  # the areas' meters count what was committed (services/*/metrics.py)
+        self.metrics.committed(counted)  # the areas' meters count what was committed (services/*/metrics.py)
         changes.published.extend(self._published_after(events, written))
         for (topic, partition), offset in written.items():
             if topic in (d.events_topic, d.rejections_topic):
@@ -547,9 +558,19 @@ class AggregateProcessor(Generic[S, C, E, X]):
             layout.state_key(i): encoded[i] if i in encoded else encode(s) for i, s in changes.after.items()
         }
         deletes: list[str] = []
-        for aggregate_id, after in changes.after.items():
-            partition = changes.partition_of[aggregate_id]
-            old = self._index_entries(partition, aggregate_id, changes.before[aggregate_id])
+        kept, indexed_before = changes.kept, changes.indexed_before
+        for aggregate_id in changes.after.keys() | kept.keys() if kept else changes.after:
+            # Index entries follow the state decisions see: with a kept event, the one after it.
+            entry = kept.get(aggregate_id)
+            after = changes.after[aggregate_id] if entry is None else entry.effective
+            partition = changes.partition_of.get(aggregate_id) if entry is None else entry.partition
+            assert partition is not None
+            before = (
+                indexed_before[aggregate_id]
+                if aggregate_id in indexed_before
+                else changes.before[aggregate_id]
+            )
+            old = self._index_entries(partition, aggregate_id, before)
             new = self._index_entries(partition, aggregate_id, after)
             self._lower_timer_floor(partition, after)
             deletes.extend(key for key in old if key not in new)

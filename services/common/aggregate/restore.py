@@ -94,7 +94,7 @@ class PartitionRestorer(Generic[S, C, E, X]):
         rejections_end = self._log.end_offset(d.rejections_topic, partition)
         # The loop runs once per event of the log: its lookups are bound once (issue 16). The
         # working states stay in `changes.after`; each is encoded once per chunk, at `_persist`.
-        event_types, decode, evolve = d.event_types, self._decode_logged, d.evolve
+        event_types, decode, evolve = d.event_types, self.decode_logged, d.evolve
         aggregate_of, version_of, event_version = d.aggregate_id, d.version, d.event_version
         published_of, codec = d.published_outputs, self._codec
         for record in self._log.read(d.events_topic, partition, next_offset):
@@ -126,7 +126,7 @@ class PartitionRestorer(Generic[S, C, E, X]):
         next_rejection = self._checkpoint(partition, d.rejections_topic)
         for record in self._log.read(d.rejections_topic, partition, next_rejection):
             next_rejection = record.offset + 1
-            rejection = self._decode_logged(record)
+            rejection = self.decode_logged(record)
             if isinstance(rejection, CommandRejected):
                 changes.rejected.add(rejection.causation_id)
         checkpoint = self._layout.checkpoint_key
@@ -178,6 +178,9 @@ class PartitionRestorer(Generic[S, C, E, X]):
             accept_state(partition, state)
             represented += d.version(state)
         changes.checkpoints[self._layout.checkpoint_key(d.events_topic, partition)] = seed.checkpoint
+        if d.keepalive_topic is not None:
+            keepalive_mark = self._layout.checkpoint_key(d.keepalive_topic, partition)
+            changes.checkpoints[keepalive_mark] = seed.keepalive_from
         self._persist(changes)
         self.metrics.restored_from_changelog(len(seed.states), seed.records)
         return True, seed.checkpoint, represented
@@ -197,7 +200,7 @@ class PartitionRestorer(Generic[S, C, E, X]):
             self._log.commit(records[start : start + _RESTORE_FLUSH_EVERY])
         d.log.info("%s partition %d: wrote %d states to the changelog again", d.name, partition, len(states))
 
-    def _decode_logged(self, record: InboundRecord) -> object:
+    def decode_logged(self, record: InboundRecord) -> object:
         try:
             return self._codec.decode(record.value)
         except UndecodableRecord as exc:

@@ -65,9 +65,7 @@ class KafkaConfigError(ValueError):
 def is_secret_property(key: str) -> bool:
     """Passwords, client secrets, inline private keys and the free-form OAUTHBEARER config."""
     return (
-        "password" in key
-        or "secret" in key
-        or key in {"ssl.key.pem", "sasl.oauthbearer.config", "ssl_key"}
+        "password" in key or "secret" in key or key in {"ssl.key.pem", "sasl.oauthbearer.config", "ssl_key"}
     )
 
 

@@ -1,7 +1,12 @@
 """The pure core of the Run aggregate: no I/O, no clock reads, immutable values only."""
 
 from services.lease_coordinator.domain.inputs import CHECKPOINT_CAPABILITY, run_id_of_grant
-from services.lease_coordinator.domain.lease import decide_timers, next_timer_at, superseded_lease
+from services.lease_coordinator.domain.lease import (
+    decide_timers,
+    is_keepalive,
+    next_timer_at,
+    superseded_lease,
+)
 from services.lease_coordinator.domain.lifecycle import (
     LEASE_TRANSITIONS,
     TERMINAL_STATUSES,
@@ -58,6 +63,7 @@ __all__ = [
     "evolve",
     "fold",
     "is_allowed",
+    "is_keepalive",
     "next_timer_at",
     "rejection_event",
     "reservations",

@@ -7,6 +7,7 @@ Time enters only as `now_ms`, the coordinator's clock.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from services.common.contracts import (
@@ -64,6 +65,7 @@ __all__ = [
     "decide_timers",
     "evolve_lease",
     "fence",
+    "is_keepalive",
     "next_timer_at",
     "superseded_lease",
 ]
@@ -190,6 +192,24 @@ def decide_renew(state: RunState, command: RenewLease, now_ms: int) -> Decision:
             expires_at=now_ms + lease.lease_ms,
             run_started=state.status is RunStatus.PREPARING,
         ),
+    )
+
+
+def is_keepalive(state: RunState, events: Sequence[RunEvent], policy: LeasePolicy) -> bool:
+    """Whether a decision may stay off runs.events (issue 16, services/common/aggregate/
+    keepalives.py): a bare renewal of an active lease that starts nothing, while the lease's last
+    renewal on runs.events (`state` is their fold) is younger than `keepalive_fraction` of its
+    TTL. So the log holds a renewal at least that often, and a view of it never shows a lease
+    that expires sooner than (1 - keepalive_fraction) of a TTL after its last renewal there."""
+    if len(events) != 1 or not isinstance(events[0], LeaseRenewed):
+        return False
+    renewed, lease = events[0], state.lease
+    return (
+        lease is not None
+        and not renewed.run_started
+        and lease.certainty is LeaseCertainty.ACTIVE
+        and renewed.lease_id == lease.lease_id
+        and renewed.occurred_at - lease.last_renewal_at < lease.lease_ms * policy.keepalive_fraction
     )
 
 

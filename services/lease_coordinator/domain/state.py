@@ -78,10 +78,15 @@ class LeasePolicy:
     # Upload grants (EXE-15): how large and how long-lived a grant may be.
     max_upload_bytes: int = 1 << 30
     upload_grant_ms: int = 15 * 60_000
+    # Issue 16: a renewal stays off runs.events (kept, on runs.renewals) while the lease's last
+    # renewal on runs.events is younger than this fraction of its TTL; 0 puts every one there.
+    keepalive_fraction: float = 0.5
 
     def __post_init__(self) -> None:
         if not 0 < self.at_risk_fraction < 1:
             raise ValueError("at_risk_fraction must be between 0 and 1")
+        if not 0 <= self.keepalive_fraction < 1:
+            raise ValueError("keepalive_fraction must be at least 0 and below 1")
         if not self.min_lease_ms <= self.default_lease_ms <= self.max_lease_ms:
             raise ValueError("the default lease must lie within the bounds")
 
@@ -251,5 +256,3 @@ def event_header(
 def command_event_header(state: RunState, command: Any, kind: str, now_ms: int) -> dict[str, Any]:
     """`event_header` for an event a command caused, by that command's actor."""
     return event_header(state, command.command_id, kind, command.correlation_id, command.actor, now_ms)
-
-

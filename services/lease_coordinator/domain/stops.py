@@ -185,9 +185,7 @@ def _revoked(state: RunState) -> Any:
     lease = state.lease
     if lease is None or not lease.held:
         return lease
-    return replace_fields(
-        lease, certainty=check_lease_transition(lease.certainty, LeaseCertainty.REVOKED)
-    )
+    return replace_fields(lease, certainty=check_lease_transition(lease.certainty, LeaseCertainty.REVOKED))
 
 
 def evolve_stop(state: RunState, event: RunEvent) -> RunState | None:

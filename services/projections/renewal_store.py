@@ -1,0 +1,94 @@
+"""LEASE-2's renewals kept off runs.events (issue 16), folded from runs.renewals.
+
+The lease coordinator commits most renewals of an active lease to runs.renewals instead of
+runs.events (services/common/aggregate/keepalives.py), so the Run view's lease holds only the
+renewals on runs.events. This store holds the others, one small entry each, with no view to
+re-render: a renewal costs a decode and a put, where a Run event re-renders its run's view.
+
+Layout (in the same RocksDB as the views): renewal/<runId>/<epoch, 10 digits>/<sequence, 19
+digits> = {"sequence", "at", "expiresAt"} (JSON); offset/runs.renewals/<partition> = the next
+offset to read, written in the same write as the batch's entries. A renewal that is also on
+runs.events (put there later, when the run's next other event came) has the same entry here and
+in the view: `lease_record` shows it once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from services.common import jsonbytes
+from services.common.contracts import LeaseRenewed
+from services.common.kafka import InboundRecord
+from services.common.messages import MessageCodec, UndecodableRecord
+from services.common.store import KeyValueStore
+from services.common.topics import RUNS_RENEWALS
+
+__all__ = ["RenewalHistoryStore", "with_kept_renewals"]
+
+_OFFSETS = f"offset/{RUNS_RENEWALS.name}/"
+
+
+def _prefix(run_id: str) -> str:
+    return f"renewal/{run_id}/"
+
+
+class RenewalHistoryStore:
+    def __init__(self, store: KeyValueStore, codec: MessageCodec) -> None:
+        self._store = store
+        self._codec = codec
+
+    def offsets(self) -> dict[int, int]:
+        return {int(k[len(_OFFSETS) :]): int(v) for k, v in self._store.scan(_OFFSETS)}
+
+    def apply(
+        self,
+        records: Iterable[InboundRecord],
+        on_undecodable: Callable[[InboundRecord, UndecodableRecord], None] | None = None,
+    ) -> int:
+        """Fold a batch of runs.renewals records; returns how many renewals it held."""
+        puts: dict[str, bytes] = {}
+        applied = 0
+        for record in records:
+            puts[f"{_OFFSETS}{record.partition}"] = str(record.offset + 1).encode()
+            try:
+                renewed = self._codec.decode(record.value)
+            except UndecodableRecord as exc:
+                if on_undecodable is not None:
+                    on_undecodable(record, exc)
+                continue
+            if not isinstance(renewed, LeaseRenewed):
+                continue
+            key = f"{_prefix(renewed.run_id)}{renewed.epoch:010d}/{renewed.sequence:019d}"
+            puts[key] = jsonbytes.dumps(
+                {"sequence": renewed.sequence, "at": renewed.occurred_at, "expiresAt": renewed.expires_at}
+            )
+            applied += 1
+        if puts:
+            self._store.write(puts)
+        return applied
+
+    def of(self, run_id: str) -> dict[int, list[dict[str, Any]]]:
+        """Epoch -> the run's kept renewals under it, by sequence."""
+        renewals: dict[int, list[dict[str, Any]]] = {}
+        prefix = _prefix(run_id)
+        for key, raw in self._store.scan(prefix):
+            epoch = int(key[len(prefix) :].split("/", 1)[0])
+            renewals.setdefault(epoch, []).append(jsonbytes.loads(raw))
+        return renewals
+
+
+def with_kept_renewals(lease: dict[str, Any], kept: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
+    """A LEASE-2 lease record (a Run view's `lease` or `leaseHistory` entry) with every renewal:
+    those on runs.events it holds and the kept ones, once each, by sequence; its expiry the last
+    renewal's while the lease is held."""
+    extra = kept.get(int(lease.get("epoch", 0)), [])
+    if not extra:
+        return lease
+    by_sequence = {int(r["sequence"]): r for r in extra}
+    by_sequence.update({int(r["sequence"]): r for r in lease.get("renewals", [])})
+    renewals = [by_sequence[s] for s in sorted(by_sequence)]
+    merged = {**lease, "renewals": renewals}
+    if lease.get("certainty") == "active" and renewals:
+        merged["expiresAt"] = max(int(lease.get("expiresAt") or 0), int(renewals[-1]["expiresAt"]))
+    return merged

@@ -1,0 +1,81 @@
+"""LEASE-2's renewal history with renewals kept off runs.events (issue 16): the API folds
+runs.renewals into small entries, and the lease record shows every renewal once."""
+
+from __future__ import annotations
+
+from services.common.contracts import LeaseRenewed
+from services.common.kafka import InboundRecord
+from services.common.messages import MessageCodec
+from services.common.store import MemoryStore
+from services.common.topics import RUNS_RENEWALS
+from services.projections.renewal_store import RenewalHistoryStore, with_kept_renewals
+
+CODEC = MessageCodec()
+RUN = "run_0123456789abcdef0123456789abcdef"
+
+
+def _renewed(epoch: int, sequence: int, at: int) -> LeaseRenewed:
+    return LeaseRenewed(
+        event_id=f"evt-{epoch}-{sequence}",
+        run_id=RUN,
+        version=7,
+        occurred_at=at,
+        causation_id=f"renew-{sequence}",
+        correlation_id="c",
+        actor="runner",
+        attempt_id=f"att-{epoch}",
+        lease_id=f"lease-{epoch}",
+        epoch=epoch,
+        sequence=sequence,
+        expires_at=at + 30_000,
+        run_started=False,
+    )
+
+
+def _record(offset: int, event: LeaseRenewed) -> InboundRecord:
+    out = CODEC.outbound(RUNS_RENEWALS.name, RUN, event, 2)
+    return InboundRecord(out.topic, 2, offset, out.key, out.value, out.headers)
+
+
+def test_kept_renewals_are_folded_by_epoch_and_sequence_with_their_offsets_lease_2() -> None:
+    history = RenewalHistoryStore(MemoryStore(), CODEC)
+    records = [
+        _record(0, _renewed(1, 3, 1_000)),
+        _record(1, _renewed(1, 2, 900)),
+        _record(2, _renewed(2, 1, 5_000)),
+    ]
+    undecodable: list[int] = []
+    bad = InboundRecord(RUNS_RENEWALS.name, 2, 3, RUN.encode(), b"not avro")
+    assert history.apply([*records, bad], lambda r, _: undecodable.append(r.offset)) == 3
+    assert undecodable == [3]
+    assert history.offsets() == {2: 4}, "the offsets move past what could not be decoded too"
+    assert history.of(RUN) == {
+        1: [
+            {"sequence": 2, "at": 900, "expiresAt": 30_900},
+            {"sequence": 3, "at": 1_000, "expiresAt": 31_000},
+        ],
+        2: [{"sequence": 1, "at": 5_000, "expiresAt": 35_000}],
+    }
+    assert history.of("run_other") == {}
+
+
+def test_the_lease_record_shows_every_renewal_once_and_the_last_expiry_lease_2() -> None:
+    on_events = [
+        {"sequence": 1, "at": 100, "expiresAt": 30_100},
+        {"sequence": 4, "at": 400, "expiresAt": 30_400},
+    ]
+    lease = {"epoch": 1, "certainty": "active", "expiresAt": 30_400, "renewals": on_events}
+    kept = {
+        1: [
+            {"sequence": 2, "at": 200, "expiresAt": 30_200},
+            {"sequence": 4, "at": 400, "expiresAt": 30_400},
+            {"sequence": 5, "at": 500, "expiresAt": 30_500},
+        ],
+        2: [{"sequence": 1, "at": 900, "expiresAt": 30_900}],
+    }
+    merged = with_kept_renewals(lease, kept)
+    assert [r["sequence"] for r in merged["renewals"]] == [1, 2, 4, 5]
+    assert merged["expiresAt"] == 30_500
+    ended = with_kept_renewals({**lease, "certainty": "expired", "expiresAt": 30_400}, kept)
+    assert ended["expiresAt"] == 30_400, "an ended lease keeps the expiry it ended with"
+    assert with_kept_renewals({**lease, "epoch": 3}, kept) == {**lease, "epoch": 3}

@@ -1,0 +1,248 @@
+"""Renewals kept off runs.events (issue 16; services/common/aggregate/keepalives.py).
+
+A bare renewal of an active lease whose last renewal on runs.events is younger than
+`keepalive_fraction` of its TTL is committed to runs.renewals instead, and kept in memory. What
+must hold, whatever happens in between (LEASE-2, LEASE-5, DUR-1):
+  * the store's state is always the fold of runs.events, whose versions stay gapless;
+  * an expiry is never decided earlier than the holder may believe its lease valid: the latest
+    renewal it was answered, on either topic, also after a restore into an empty store;
+  * every renewal is on the log: LEASE-2's history is runs.events plus runs.renewals.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.common.aggregate.changelog import KEEPALIVE_KEY
+from services.common.clock import ManualClock
+from services.common.contracts import LeaseExpired, LeaseRenewed, RunEvent
+from services.common.eventlog import MemoryEventLog
+from services.common.store import MemoryStore
+from services.common.topics import RUNS_EVENTS, RUNS_RENEWALS, RUNS_STATES
+from services.lease_coordinator.domain import LeasePolicy
+from services.lease_coordinator.processor import RunCommandProcessor, checkpoint_key
+from tests.support.lease_run import claim_cmd, renew_cmd, report_cmd
+
+from .strategies import submit_command
+from .test_run_processor import (
+    CODEC,
+    CommandTopic,
+    assert_log_is_well_formed,
+    assert_state_is_fold_of_log_dur_1,
+    log_records,
+    partition_of,
+)
+
+LEASE_S = 30  # kept while the last renewal on runs.events is younger than 15 s
+POLICY = LeasePolicy(keepalive_fraction=0.5)
+
+
+class Harness:
+    """One run with a held lease, its processor on in-memory twins, and what its holder was told."""
+
+    def __init__(self) -> None:
+        self.log, self.store, self.clock, self.topic = (
+            MemoryEventLog(),
+            MemoryStore(),
+            ManualClock(),
+            CommandTopic(),
+        )
+        self.processor = self.new_processor()
+        self.processor.handle([self.topic.record(submit_command("acme", "k1", command_id="s-1"))])
+        self.run_id = next(key.removeprefix("run/") for key, _ in self.store.scan("run/"))
+        self.processor.handle(
+            [self.topic.record(claim_cmd(self.run_id, command_id="c-1", lease_seconds=LEASE_S))]
+        )
+        lease = self.processor.load(self.run_id).lease  # type: ignore[union-attr]
+        assert lease is not None
+        self.attempt_id, self.epoch = lease.attempt_id, lease.epoch
+        self.sequence = 0
+        self.believed_until = lease.expires_at  # the latest expiry the holder was answered
+        first = self.renew()  # it starts the run: on runs.events
+        assert (first.events, first.kept) == (1, 0)
+
+    def new_processor(self, store: MemoryStore | None = None) -> RunCommandProcessor:
+        return RunCommandProcessor(self.log, store or self.store, CODEC, self.clock, POLICY)
+
+    def renew(self) -> Any:
+        self.sequence += 1
+        command = renew_cmd(
+            self.run_id, self.attempt_id, self.epoch, self.sequence, command_id=f"r-{self.sequence}"
+        )
+        outcome = self.processor.handle([self.topic.record(command)])
+        answered = [e for e in self.renewals() if e.causation_id == command.command_id]
+        if answered:
+            self.believed_until = max(self.believed_until, answered[0].expires_at)
+        return outcome
+
+    def events(self) -> list[RunEvent]:
+        return [CODEC.decode(r.value) for r in log_records(self.log, RUNS_EVENTS.name)]
+
+    def kept_records(self) -> list[LeaseRenewed]:
+        return [CODEC.decode(r.value) for r in log_records(self.log, RUNS_RENEWALS.name)]
+
+    def renewals(self) -> list[LeaseRenewed]:
+        """Every renewal answered, on either topic."""
+        on_events = [e for e in self.events() if isinstance(e, LeaseRenewed)]
+        return on_events + self.kept_records()
+
+    def expiries(self) -> list[LeaseExpired]:
+        return [e for e in self.events() if isinstance(e, LeaseExpired)]
+
+    def check(self) -> None:
+        assert_log_is_well_formed(self.log)
+        assert_state_is_fold_of_log_dur_1(self.log, self.store)
+        for expired in self.expiries():
+            assert expired.occurred_at >= self.believed_until, "expired before the holder's lease ended"
+
+
+def test_renewals_between_two_on_the_log_go_to_runs_renewals_and_change_no_stored_state() -> None:
+    h = Harness()
+    stored = h.store.get(f"run/{h.run_id}")
+    for _ in range(5):
+        h.clock.advance(2_000)
+        outcome = h.renew()
+        assert (outcome.accepted, outcome.kept, outcome.events) == (1, 1, 0)
+    assert [e.sequence for e in h.kept_records()] == [2, 3, 4, 5, 6]
+    assert {e.version for e in h.kept_records()} == {4}, "each decided at the durable version + 1"
+    assert [e.sequence for e in h.events() if isinstance(e, LeaseRenewed)] == [1]
+    assert h.store.get(f"run/{h.run_id}") == stored
+    h.check()
+
+
+def test_a_renewal_goes_on_runs_events_once_the_last_one_there_is_half_a_lease_old() -> None:
+    h = Harness()
+    for _ in range(20):  # every 2 s: one on the log about every 15 s
+        h.clock.advance(2_000)
+        h.renew()
+    on_log = [e for e in h.events() if isinstance(e, LeaseRenewed)]
+    assert [e.sequence for e in on_log] == [1, 9, 17]
+    assert len(h.kept_records()) == 18
+    lease = h.processor.load(h.run_id).lease  # type: ignore[union-attr]
+    assert lease is not None and lease.last_sequence == 17
+    h.check()
+
+
+def test_a_report_puts_the_kept_renewal_on_the_log_first_with_its_own_id() -> None:
+    h = Harness()
+    for _ in range(3):
+        h.clock.advance(1_000)
+        h.renew()
+    kept = h.kept_records()[-1]
+    report = report_cmd(h.run_id, h.attempt_id, h.epoch, h.sequence + 1, command_id="rep-1")
+    outcome = h.processor.handle([h.topic.record(report)])
+    assert outcome.events == 2
+    renewed, reported = h.events()[-2:]
+    assert renewed == kept, "the very event the holder was answered with"
+    assert reported.version == kept.version + 1
+    h.check()
+
+
+def test_a_redelivered_kept_renewal_is_dropped() -> None:
+    h = Harness()
+    h.clock.advance(1_000)
+    command = renew_cmd(h.run_id, h.attempt_id, h.epoch, 2, command_id="r-once")
+    h.processor.handle([h.topic.record(command)])
+    again = h.processor.handle([h.topic.record(command)])
+    assert (again.duplicates, again.kept, again.rejections) == (1, 0, 0)
+    assert len(h.kept_records()) == 1
+
+
+def test_the_expiry_waits_for_the_kept_renewal_and_puts_it_on_the_log_first() -> None:
+    h = Harness()
+    h.clock.advance(10_000)
+    h.renew()  # kept: the holder believes its lease until +40 s; runs.events says +30 s
+    h.clock.advance(25_000)  # 35 s after the grant
+    h.processor.tick()
+    assert not h.expiries()
+    h.clock.advance(10_000)
+    h.processor.tick()
+    assert len(h.expiries()) == 1
+    kept = h.kept_records()[0]
+    events = h.events()
+    at = events.index(kept)  # the very event the holder was answered with, on the log before them
+    assert [type(e).__name__ for e in events[at + 1 :]][:2] == ["LeaseAtRisk", "LeaseExpired"]
+    h.check()
+
+
+def test_a_restore_into_an_empty_store_keeps_the_kept_renewals() -> None:
+    h = Harness()
+    for _ in range(4):
+        h.clock.advance(2_000)
+        h.renew()
+    fresh = MemoryStore()
+    h.processor, h.store = h.new_processor(fresh), fresh  # another instance takes the partition
+    h.processor.restore(partition_of(h.run_id))
+    h.clock.advance(27_000)  # 35 s: past what runs.events says (30 s), before what was answered (38 s)
+    h.processor.tick()
+    assert not h.expiries()
+    h.renew()  # fenced against the kept renewal, accepted, and on runs.events (35 s after the last there)
+    assert [e.sequence for e in h.events() if isinstance(e, LeaseRenewed)] == [1, 5, 6]
+    h.clock.advance(LEASE_S * 1000)
+    h.processor.tick()
+    assert len(h.expiries()) == 1
+    h.check()
+
+
+def test_the_low_water_mark_moves_past_renewals_no_longer_kept() -> None:
+    h = Harness()
+    partition = partition_of(h.run_id)
+    mark = checkpoint_key(partition, RUNS_RENEWALS.name)
+    for _ in range(39):
+        h.clock.advance(2_000)
+        h.renew()
+    kept_offsets = [r.offset for r in log_records(h.log, RUNS_RENEWALS.name)]
+    low = int(h.store.get(mark) or b"0")
+    # Past the renewals since put on runs.events, never past the one still kept (the last).
+    assert 0 < low <= kept_offsets[-1]
+    assert h.kept_records()[-1].sequence == 40 and h.kept_records()[-1] not in h.events()
+    changelog = [r for r in log_records(h.log, RUNS_STATES.name) if r.key == KEEPALIVE_KEY]
+    assert int(changelog[-1].value) == low, "an empty store's restore starts there too"
+    h.check()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("renew"), st.sampled_from([0, 1_000, 5_000, 10_000, 14_000])),
+            st.tuples(st.just("tick"), st.sampled_from([0, 1_000, 5_000, 15_000, 25_000, 40_000])),
+            st.tuples(st.just("restart"), st.booleans()),  # True: into an empty store
+        ),
+        max_size=12,
+    )
+)
+def test_whatever_the_order_no_expiry_is_earlier_than_the_holder_believes(
+    steps: list[tuple[str, Any]],
+) -> None:
+    h = Harness()
+    for kind, arg in steps:
+        if kind == "renew":
+            h.clock.advance(arg)
+            h.renew()
+        elif kind == "tick":
+            h.clock.advance(arg)
+            h.processor.tick()
+        else:
+            store = MemoryStore() if arg else h.store
+            h.processor, h.store = h.new_processor(store), store
+            h.processor.restore(partition_of(h.run_id))
+        h.check()
+    by_sequence: dict[int, set[str]] = {}
+    for renewed in h.renewals():
+        by_sequence.setdefault(renewed.sequence, set()).add(renewed.event_id)
+    assert all(len(ids) == 1 for ids in by_sequence.values()), "one renewal, one event, wherever it is"
+
+
+def test_each_accepted_renewal_is_counted_once_wherever_it_is() -> None:
+    h = Harness()  # one renewal on runs.events
+    for _ in range(9):
+        h.clock.advance(2_000)
+        h.renew()  # kept, or on runs.events every 15 s
+    h.processor.handle([h.topic.record(report_cmd(h.run_id, h.attempt_id, h.epoch, h.sequence + 1))])
+    assert len({e.event_id for e in h.renewals()}) == 10, "the last kept one went on runs.events too"
+    counted = h.processor.metrics.registry.get_sample_value("tenure_lease_renewals_total")
+    assert counted == 10
