@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.common.aggregate.changelog import KEEPALIVE_KEY
+from services.common.aggregate.keepalives import NONE_LIVE
 from services.common.clock import ManualClock
 from services.common.contracts import LeaseExpired, LeaseRenewed, RunEvent
 from services.common.eventlog import MemoryEventLog
@@ -246,3 +247,29 @@ def test_each_accepted_renewal_is_counted_once_wherever_it_is() -> None:
     assert len({e.event_id for e in h.renewals()}) == 10, "the last kept one went on runs.events too"
     counted = h.processor.metrics.registry.get_sample_value("tenure_lease_renewals_total")
     assert counted == 10
+
+
+def test_once_no_renewal_is_kept_the_mark_says_so_and_a_restore_reads_nothing() -> None:
+    h = Harness()
+    partition = partition_of(h.run_id)
+    for _ in range(3):
+        h.clock.advance(2_000)
+        h.renew()
+    h.processor.handle([h.topic.record(report_cmd(h.run_id, h.attempt_id, h.epoch, h.sequence + 1))])
+    assert h.store.get(checkpoint_key(partition, RUNS_RENEWALS.name)) == str(NONE_LIVE).encode()
+    changelog = [r for r in log_records(h.log, RUNS_STATES.name) if r.key == KEEPALIVE_KEY]
+    assert int(changelog[-1].value) == NONE_LIVE
+
+    read: list[str] = []
+    original = h.log.read
+
+    def counting(topic: str, partition: int, start: int) -> Any:
+        read.append(topic)
+        return original(topic, partition, start)
+
+    h.log.read = counting  # type: ignore[method-assign]
+    fresh = MemoryStore()
+    h.processor, h.store = h.new_processor(fresh), fresh
+    h.processor.restore(partition)
+    assert RUNS_RENEWALS.name not in read, "nothing kept is live: runs.renewals is not read"
+    h.check()

@@ -47,7 +47,10 @@ from services.common.kafka import OutboundRecord
 if TYPE_CHECKING:
     from services.common.aggregate.changes import Changes
 
-__all__ = ["Kept", "KeptDecisions", "KeptOutcome", "decide_with_kept"]
+__all__ = ["NONE_LIVE", "Kept", "KeptDecisions", "KeptOutcome", "decide_with_kept", "read_kept"]
+
+# A low-water mark that says no kept event is live: a restore reads nothing of the topic.
+NONE_LIVE = -1
 
 S = TypeVar("S")
 C = TypeVar("C")
@@ -152,7 +155,8 @@ class KeptDecisions(Generic[S, E]):
     def low_waters(self, kept: Mapping[str, Kept[S, E]], unkept: Iterable[str]) -> dict[int, int]:
         """Per partition a unit touches, an offset at or below every kept event that is live once
         the unit is applied: the oldest survivor's, or this unit's start (the partition's end
-        before it) when the unit keeps new ones or none survive."""
+        before it) when the unit keeps new ones; NONE_LIVE when none is live then, so that a
+        restore reads nothing (the common case once a partition's leases all ended)."""
         changed = set(kept) | set(unkept)
         partitions = {k.partition for k in kept.values()}
         partitions |= {p for i in unkept if (p := self._partition_of.get(i)) is not None}
@@ -161,9 +165,12 @@ class KeptDecisions(Generic[S, E]):
             end = self.ends.get(partition, 0)
             oldest = next(
                 (k.offset for i, k in self._by_partition.get(partition, {}).items() if i not in changed),
-                end,
+                None,
             )
-            marks[partition] = min(oldest, end)
+            if oldest is None and not any(k.partition == partition for k in kept.values()):
+                marks[partition] = NONE_LIVE
+            else:
+                marks[partition] = end if oldest is None else min(oldest, end)
         return marks
 
     def marks(
