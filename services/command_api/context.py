@@ -189,7 +189,10 @@ def open_dependencies(
     warn_if_development_mode(api_keys, "tenure-command-api")
     # runs.renewals too: a renewal kept off runs.events is answered from there (issue 16).
     decisions = DecisionListener(
-        bootstrap_servers, codec, topics=(RUNS_EVENTS.name, RUNS_REJECTIONS.name, RUNS_RENEWALS.name)
+        bootstrap_servers,
+        codec,
+        topics=(RUNS_EVENTS.name, RUNS_REJECTIONS.name, RUNS_RENEWALS.name),
+        kept_topics=(RUNS_RENEWALS.name,),
     )
     trajectory_decisions = DecisionListener(
         bootstrap_servers,

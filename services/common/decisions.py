@@ -23,7 +23,7 @@ from services.common.backoff import Backoff
 from services.common.contracts import EVENT_TYPES, CommandRejected
 from services.common.kafka import OutboundRecord, TopicFollower
 from services.common.messages import MessageCodec, UndecodableRecord
-from services.common.topics import RUNS_EVENTS, RUNS_REJECTIONS, RUNS_RENEWALS
+from services.common.topics import RUNS_EVENTS, RUNS_REJECTIONS
 
 __all__ = [
     "Decided",
@@ -253,17 +253,18 @@ class DecisionListener(DecisionBook):
         topics: Sequence[str] = (RUNS_EVENTS.name, RUNS_REJECTIONS.name),
         event_types: tuple[type[Any], ...] = EVENT_TYPES,
         client_id: str = "tenure-api-decisions",
+        kept_topics: Sequence[str] = (),
     ) -> None:
         """Follows `topics` (an aggregate's events, rejections and kept decisions) from their end.
 
-        A kept decision (services/common/aggregate/keepalives.py: a renewal on runs.renewals)
-        answers its command, but its version is not heard: it is not on the events topic, and no
-        view will ever fold it."""
+        A record of `kept_topics` (decisions kept off the events topic, services/common/aggregate/
+        keepalives.py: a renewal on runs.renewals) answers its command, but its version is not
+        heard: it is not on the events topic, and no view will ever fold it."""
         super().__init__()
         self._codec = codec
         self._event_types = event_types
         self._topics = tuple(topics)
-        self._kept_topics = frozenset({RUNS_RENEWALS.name}) & frozenset(self._topics)
+        self._kept_topics = frozenset(kept_topics)
         self._stop = threading.Event()
         self._polled_at = time.monotonic()
         self._failure: str | None = None

@@ -152,6 +152,20 @@ class KeptDecisions(Generic[S, E]):
             self._partition_of.pop(aggregate_id, None)
         self.ends.pop(partition, None)
 
+    def of(self, changes: Changes[S, E], aggregate_id: str) -> Kept[S, E] | None:
+        """The aggregate's kept event as a unit of work sees it: its own, or none since it put it
+        on the events topic, or the one kept before the unit."""
+        if aggregate_id in changes.kept:
+            return changes.kept[aggregate_id]
+        return None if aggregate_id in changes.unkept else self.get(aggregate_id)
+
+    @staticmethod
+    def settle(changes: Changes[S, E], aggregate_id: str, unkept: bool) -> None:
+        """A decision went on the events topic; `unkept`: it put the kept event there first."""
+        if unkept:
+            changes.kept.pop(aggregate_id, None)
+            changes.unkept.add(aggregate_id)
+
     def low_waters(self, kept: Mapping[str, Kept[S, E]], unkept: Iterable[str]) -> dict[int, int]:
         """Per partition a unit touches, an offset at or below every kept event that is live once
         the unit is applied: the oldest survivor's, or this unit's start (the partition's end
