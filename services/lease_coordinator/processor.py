@@ -34,8 +34,8 @@ from services.common.contracts import (
     COMMAND_TYPES,
     EVENT_TYPES,
     ClaimRun,
-    RenewLeases,
     LeaseRenewed,
+    RenewLeases,
     RunCommand,
     RunEvent,
     SubmitRun,
@@ -206,6 +206,7 @@ class RunDefinition(AggregateDefinition[RunState, RunCommand, RunEvent, Admissio
 
     def commands_in(self, envelope: RenewLeases) -> Sequence[RunCommand]:
         return envelope.commands()
+
     def is_keepalive(self, durable: RunState, events: Sequence[RunEvent]) -> bool:
         return is_keepalive(durable, events, self.policy)
 

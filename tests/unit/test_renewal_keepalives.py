@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -31,6 +32,8 @@ from .strategies import submit_command
 from .test_run_processor import (
     CODEC,
     CommandTopic,
+    CrashableStore,
+    SimulatedCrash,
     assert_log_is_well_formed,
     assert_state_is_fold_of_log_dur_1,
     log_records,
@@ -211,7 +214,9 @@ def test_the_low_water_mark_moves_past_renewals_no_longer_kept() -> None:
         st.one_of(
             st.tuples(st.just("renew"), st.sampled_from([0, 1_000, 5_000, 10_000, 14_000])),
             st.tuples(st.just("tick"), st.sampled_from([0, 1_000, 5_000, 15_000, 25_000, 40_000])),
-            st.tuples(st.just("restart"), st.booleans()),  # True: into an empty store
+            # "empty": a new instance; "same": a restart on its own store; "other": the partition
+            # handed back to the other instance, whose store is as stale as its last restore left it
+            st.tuples(st.just("restart"), st.sampled_from(["empty", "same", "other"])),
         ),
         max_size=12,
     )
@@ -220,6 +225,7 @@ def test_whatever_the_order_no_expiry_is_earlier_than_the_holder_believes(
     steps: list[tuple[str, Any]],
 ) -> None:
     h = Harness()
+    other = MemoryStore()
     for kind, arg in steps:
         if kind == "renew":
             h.clock.advance(arg)
@@ -228,7 +234,9 @@ def test_whatever_the_order_no_expiry_is_earlier_than_the_holder_believes(
             h.clock.advance(arg)
             h.processor.tick()
         else:
-            store = MemoryStore() if arg else h.store
+            store = {"empty": MemoryStore(), "same": h.store, "other": other}[arg]
+            if arg == "other":
+                other = h.store
             h.processor, h.store = h.new_processor(store), store
             h.processor.restore(partition_of(h.run_id))
         h.check()
@@ -272,4 +280,66 @@ def test_once_no_renewal_is_kept_the_mark_says_so_and_a_restore_reads_nothing() 
     h.processor, h.store = h.new_processor(fresh), fresh
     h.processor.restore(partition)
     assert RUNS_RENEWALS.name not in read, "nothing kept is live: runs.renewals is not read"
+    h.check()
+
+
+def _none_live_then_handed_over(h: Harness) -> MemoryStore:
+    """This instance's store says no renewal is kept (its last kept one went on runs.events);
+    then another instance (an empty store, seeded from the changelog) takes the partition."""
+    mark = checkpoint_key(partition_of(h.run_id), RUNS_RENEWALS.name)
+    h.clock.advance(2_000)
+    assert h.renew().kept == 1
+    h.clock.advance(14_000)  # half a lease after the last renewal on runs.events
+    assert h.renew().events == 1, "on runs.events, in place of the kept one"
+    assert h.store.get(mark) == str(NONE_LIVE).encode()
+    stale = h.store
+    fresh = MemoryStore()
+    h.processor, h.store = h.new_processor(fresh), fresh
+    h.processor.restore(partition_of(h.run_id))
+    return stale
+
+
+def test_a_partition_handed_back_to_a_stale_store_keeps_what_the_other_owner_answered_LEASE_5() -> None:
+    """The hole the first version of keepalives had: an instance that gets a partition back
+    restored from its own mark (none live) and missed the renewals another owner kept since."""
+    h = Harness()
+    stale = _none_live_then_handed_over(h)
+    h.clock.advance(2_000)
+    assert h.renew().kept == 1  # answered by the other owner: valid until 18 s + 30 s
+    h.processor, h.store = h.new_processor(stale), stale  # handed back
+    h.processor.restore(partition_of(h.run_id))
+    h.clock.advance(29_000)  # 1 s before what the holder was answered, after what runs.events says
+    h.processor.tick()
+    assert not h.expiries(), "the renewal the other owner answered is not forgotten"
+    h.clock.advance(2_000)
+    h.processor.tick()
+    assert len(h.expiries()) == 1
+    h.check()
+
+
+def test_a_commit_whose_store_write_a_crash_cut_is_restored_with_its_kept_renewal_DUR_1() -> None:
+    """Step 3 landed (the kept renewal was answered), step 4 did not: the store still says none
+    is kept, and the restart restores from the topic's growth past the end the store knew."""
+    h = Harness()
+    disk = MemoryStore()
+    crashable = CrashableStore(disk)
+    h.processor, h.store = h.new_processor(crashable), disk  # type: ignore[arg-type]
+    h.processor.restore(partition_of(h.run_id))
+    _none_live_then_handed_over(h)  # the same moves; only the instance's store matters here
+    h.processor, h.store = h.new_processor(crashable), disk  # type: ignore[arg-type]
+    h.processor.restore(partition_of(h.run_id))
+    h.clock.advance(2_000)
+    crashable.crash_on_next_write = True
+    with pytest.raises(SimulatedCrash):
+        h.renew()
+    assert len(h.kept_records()) == 2, "committed before the crash: the holder may have its answer"
+    h.believed_until = max(h.believed_until, h.kept_records()[-1].expires_at)
+    h.processor = h.new_processor(crashable)  # type: ignore[arg-type]  # restarted on its disk
+    h.processor.restore(partition_of(h.run_id))
+    h.clock.advance(29_000)
+    h.processor.tick()
+    assert not h.expiries(), "the committed renewal is restored though the store never saw it"
+    h.clock.advance(2_000)
+    h.processor.tick()
+    assert len(h.expiries()) == 1
     h.check()

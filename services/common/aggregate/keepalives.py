@@ -41,13 +41,23 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from services.common.aggregate import changelog
-from services.common.aggregate.definition import AggregateDefinition, Refused
+from services.common.aggregate.definition import AggregateDefinition, Refused, StoreLayout
 from services.common.kafka import OutboundRecord
 
 if TYPE_CHECKING:
     from services.common.aggregate.changes import Changes
 
-__all__ = ["NONE_LIVE", "Kept", "KeptDecisions", "KeptOutcome", "decide_with_kept", "read_kept"]
+__all__ = [
+    "NONE_LIVE",
+    "Kept",
+    "KeptDecisions",
+    "KeptOutcome",
+    "decide_with_kept",
+    "end_key",
+    "low_water",
+    "read_kept",
+    "restore_from",
+]
 
 # A low-water mark that says no kept event is live: a restore reads nothing of the topic.
 NONE_LIVE = -1
@@ -226,6 +236,15 @@ class KeptDecisions(Generic[S, E]):
             if written_topic == topic:
                 self.ends[partition] = offset + 1
 
+    def remember_ends(
+        self, changes: Changes[S, E], written: Mapping[tuple[str, int], int], topic: str, layout: StoreLayout
+    ) -> None:
+        """With the unit's store write: the keepalive topic's end after what it wrote, so that a
+        restore can tell whether the topic grew since (`restore_from`)."""
+        for written_topic, partition in written:
+            if written_topic == topic:
+                changes.checkpoints[end_key(layout, topic, partition)] = self.ends[partition]
+
     def apply(self, kept: Mapping[str, Kept[S, E]], unkept: Iterable[str]) -> None:
         """A committed unit: what it put on the events topic goes, what it kept comes (newest)."""
         for aggregate_id in unkept:
@@ -238,6 +257,27 @@ class KeptDecisions(Generic[S, E]):
                 self._by_partition[old].pop(aggregate_id, None)
             self._by_partition.setdefault(entry.partition, OrderedDict())[aggregate_id] = entry
             self._partition_of[aggregate_id] = entry.partition
+
+
+def end_key(layout: StoreLayout, topic: str, partition: int) -> str:
+    """The store key of the keepalive topic's end as this store last knew it."""
+    return layout.checkpoint_key(f"{topic}@end", partition)
+
+
+def restore_from(mark: int, stored_end: int | None, end: int) -> int:
+    """Where a restore reads the keepalive topic from: the store's low-water mark, unless the
+    topic grew past the end the store last knew (`stored_end`). Then someone wrote kept events
+    the mark does not cover (another owner after a rebalance, or this process's own commit whose
+    store write a crash cut), all at or above that end: read from there too. No stored end (an
+    empty store seeded from the changelog, whose mark is the last owner's): the mark as it is."""
+    if stored_end is None or end <= stored_end:
+        return mark
+    return stored_end if mark == NONE_LIVE else min(mark, stored_end)
+
+
+def low_water(kept: Mapping[str, Kept[Any, Any]]) -> int:
+    """A restore's new mark: the oldest live kept event's offset, or NONE_LIVE with none live."""
+    return min((k.offset for k in kept.values()), default=NONE_LIVE)
 
 
 def read_kept(
