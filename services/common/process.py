@@ -164,6 +164,7 @@ def serve_aggregate(
     # With TENURE_GROUP_FENCE, every transaction carries the generation of its assignment (issue 16).
     if settings.group_fence:
         event_log.fence = stream.group_fence
+        stream.fence_required = True  # and timer work waits until it can be fenced
     readiness.become(stream.checks)
     freeze_startup_heap()
     stream.run()

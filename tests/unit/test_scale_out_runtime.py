@@ -7,6 +7,7 @@ owned partitions' positions in the timer thread, nothing before an assignment is
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from pathlib import Path
 from typing import Any
@@ -85,3 +86,46 @@ def test_the_fence_carries_the_batch_offsets_in_its_thread_and_positions_elsewhe
     )
     after = stream.group_fence()
     assert after is not None and dict(after.offsets) == {0: 3, 1: 42}
+
+
+def test_with_the_fence_on_timer_work_waits_until_it_can_be_fenced(tmp_path: Path) -> None:
+    """An instance the group evicted while it restored must not commit its first tick unfenced
+    (the duplicate events of the keepalives' scale-out failure): no assignment known, or no
+    position to fence with yet, and the tick waits for the next one."""
+    ran: list[int] = []
+    stream = _stream(tmp_path, lambda records: None)
+    stream.fence_required = True
+    assert stream.timer_work(lambda: ran.append(1)) is False  # no assignment yet
+    _owning(stream, {0, 1})
+    assert stream.timer_work(lambda: ran.append(2)) is False  # assigned, positions not yet known
+    assert ran == []
+    stream._positions.update({0: 3})
+    assert stream.timer_work(lambda: ran.append(3)) is True
+    assert ran == [3]
+    unfenced = _stream(tmp_path / "off", lambda records: None)  # fence off: as before
+    assert unfenced.timer_work(lambda: ran.append(4)) is True and ran == [3, 4]
+
+
+def test_a_revocation_clears_the_fence_only_after_the_processor_let_go(tmp_path: Path) -> None:
+    """`on_revoked` waits for a tick in progress (the processor's lock); until it returns, that
+    tick's transaction must still find the generation it started under."""
+    seen: list[GroupFence | None] = []
+    stream: CommandStream
+
+    def on_revoked() -> None:
+        seen.append(stream.group_fence())
+
+    settings = StreamSettings(
+        app_id="tenure-test-scale",
+        bootstrap_servers="127.0.0.1:1",
+        topic="runs.commands",
+        partitions=4,
+        instance_id="3",
+        data_dir=tmp_path,
+    )
+    stream = CommandStream(settings, lambda records: None, on_revoked=on_revoked, on_assigned=lambda _: None)
+    _owning(stream, {0})
+    stream._positions.update({0: 7})
+    asyncio.run(stream.app.on_partitions_revoked.send(set()))
+    assert seen and seen[0] is not None and seen[0].generation == 5
+    assert stream.group_fence() is None and stream.assignment is None

@@ -411,6 +411,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
                 return self._tick(self._clock.now_ms()) if self.definition.has_timers else 0
             except BaseException:
                 self._restored.clear()
+                self._kept.clear()
                 raise
 
     def _tick(self, now: int) -> int:

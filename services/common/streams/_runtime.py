@@ -185,6 +185,8 @@ class CommandStream:
         self._revocations = 0  # tells a late answer of `_fetch_positions` apart
         self._in_hand = threading.local()
         self._fence_unavailable_logged = False
+        # Set with TENURE_GROUP_FENCE (services/common/process.py): timer work runs only fenced.
+        self.fence_required = False
         self.app = self._build_app()
 
     def _build_app(self) -> faust.App:
@@ -231,12 +233,16 @@ class CommandStream:
             # get them, cannot start without it (eager protocol). In a thread: a long tick must
             # not stall the event loop and its heartbeats.
             self._assignment_known.clear()
-            self.assignment = None
             self._revocations += 1
-            self._member = None
-            self._positions.clear()
             self._metrics.revoked()
             await asyncio.to_thread(self._on_revoked)
+            # Only now, under no tick: a tick in progress held the processor's lock until
+            # `_on_revoked` got it, and committed under the generation it started in (still the
+            # group's until this member rejoins; refused as fenced if not). Cleared before,
+            # that tick's transaction would have carried no fence at all.
+            self.assignment = None
+            self._member = None
+            self._positions.clear()
 
         async def assigned(_sender: Any, /, *args: Any, signal: Any, **__: Any) -> None:
             partitions = args[0] if args else ()
@@ -266,7 +272,7 @@ class CommandStream:
             on_tick = self._on_tick
 
             async def tick() -> None:
-                await asyncio.to_thread(self.tick_or_die, on_tick)
+                await asyncio.to_thread(self.timer_work, on_tick)
 
             app.timer(s.tick_interval_s, on_leader=False)(tick)
         return app
@@ -333,18 +339,20 @@ class CommandStream:
         assert committed is not None
 
         def fetch() -> None:
-            try:
-                found = committed(partitions)
-            except Exception as exc:
-                log.warning(
-                    "could not read the group's committed offsets (%s); timer work of "
-                    "partitions without a command yet is unfenced",
-                    exc,
-                )
+            backoff = Backoff(0.2, 5.0)
+            while self._revocations == revocations:  # not revoked meanwhile
+                try:
+                    found = committed(partitions)
+                except Exception as exc:
+                    # Until they arrive, timer work of partitions without a command yet waits
+                    # (with the fence on) or is unfenced (off): ask again, not once.
+                    log.warning("could not read the group's committed offsets (%s); asking again", exc)
+                    time.sleep(backoff.next_delay())
+                    continue
+                if self._revocations == revocations:
+                    for partition, offset in found.items():
+                        self._positions.setdefault(partition, offset)
                 return
-            if self._revocations == revocations:  # not revoked meanwhile
-                for partition, offset in found.items():
-                    self._positions.setdefault(partition, offset)
 
         threading.Thread(target=fetch, name=f"{self._settings.app_id}-positions", daemon=True).start()
 
@@ -388,6 +396,16 @@ class CommandStream:
                 stale,
             )
         return owned if len(owned) < len(records) else records
+
+    def timer_work(self, work: Callable[[], object]) -> bool:
+        """One tick's timer work; False when it waited for the next tick instead: the generation
+        fence is on but the assignment is not known yet (a restore in progress, the group's
+        positions still on their way), and a transaction nothing fences must not be committed."""
+        if self.fence_required and self.group_fence() is None:
+            self._metrics.retried("tick-unfenced")
+            return False
+        self.tick_or_die(work)
+        return True
 
     def tick_or_die(self, work: Callable[[], object]) -> None:
         """Timer work: a transient failure skips ticks until its backoff has passed."""
