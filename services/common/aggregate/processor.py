@@ -54,15 +54,7 @@ from services.common.aggregate import changelog
 from services.common.aggregate.changes import BatchOutcome, Changes, Decided
 from services.common.aggregate.definition import AggregateDefinition, Refused, Transition
 from services.common.aggregate.intake import Intake
-from services.common.aggregate.keepalives import (
-    Kept,
-    KeptDecisions,
-    decide_with_kept,
-    end_key,
-    low_water,
-    read_kept,
-    restore_from,
-)
+from services.common.aggregate.keepalives import Kept, KeptDecisions, decide_with_kept
 from services.common.aggregate.restore import PartitionRestorer
 from services.common.avro import SchemaRegistryError
 from services.common.clock import Clock
@@ -214,33 +206,10 @@ class AggregateProcessor(Generic[S, C, E, X]):
         self._kept.drop_partition(partition)
         restored = self._restorer.restore(partition)
         if self.definition.keepalive_topic is not None:
-            self._restore_kept(partition, self.definition.keepalive_topic)
+            self._restorer.restore_kept(partition, self.definition.keepalive_topic, self._kept)
         self._timer_floor.pop(partition, None)
         self._restored.add(partition)
         return restored
-
-    def _restore_kept(self, partition: int, topic: str) -> None:
-        """After the fold: the kept events still live, from the keepalive topic's low-water mark
-        to its end (keepalives.py), with their timer index entries. The store's mark may be stale:
-        another owner may have kept events since (a rebalance), or this process's last commit
-        landed without its store write (a crash between steps 3 and 4). Both show as a topic that
-        grew past the end this store last knew, and everything written since is read too."""
-        end = self._log.end_offset(topic, partition)
-        start = restore_from(self.checkpoint(partition, topic), self._stored_end(partition, topic), end)
-        records = self._log.read(topic, partition, start) if 0 <= start < end else ()
-        kept = read_kept(self.definition, records, self._restorer.decode_logged, self.load, partition)
-        changes = self._changes()
-        changes.kept = kept
-        changes.indexed_before = {i: k.durable for i, k in kept.items()}
-        changes.checkpoints[self._layout.checkpoint_key(topic, partition)] = low_water(kept)
-        changes.checkpoints[end_key(self._layout, topic, partition)] = end
-        self._persist(changes)
-        self._kept.apply(kept, ())
-        self._kept.ends[partition] = end
-
-    def _stored_end(self, partition: int, topic: str) -> int | None:
-        raw = self._store.get(end_key(self._layout, topic, partition))
-        return int(raw) if raw is not None else None
 
     # --- commands (steps 2 to 5) ----------------------------------------------------------------
 

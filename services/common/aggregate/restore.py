@@ -20,6 +20,7 @@ from typing import Generic, TypeVar
 from services.common.aggregate import changelog
 from services.common.aggregate.changes import Changes
 from services.common.aggregate.definition import AggregateDefinition, Transition
+from services.common.aggregate.keepalives import KeptDecisions, end_key, low_water, read_kept, restore_from
 from services.common.contracts import CommandRejected
 from services.common.eventlog import EventLog
 from services.common.health import ProcessorMetrics
@@ -148,6 +149,26 @@ class PartitionRestorer(Generic[S, C, E, X]):
                 next_offset,
             )
         return represented + applied
+
+    def restore_kept(self, partition: int, topic: str, decisions: KeptDecisions[S, E]) -> None:
+        """After the fold: the kept events still live, from the keepalive topic's low-water mark
+        to its end (keepalives.py), with their timer index entries. The store's mark may be stale:
+        another owner may have kept events since (a rebalance), or this process's last commit
+        landed without its store write (a crash between steps 3 and 4). Both show as a topic that
+        grew past the end this store last knew, and everything written since is read too."""
+        end = self._log.end_offset(topic, partition)
+        raw_end = self._store.get(end_key(self._layout, topic, partition))
+        start = restore_from(self._checkpoint(partition, topic), int(raw_end) if raw_end else None, end)
+        records = self._log.read(topic, partition, start) if 0 <= start < end else ()
+        kept = read_kept(self._definition, records, self.decode_logged, self._load, partition)
+        changes = self._begin()
+        changes.kept = kept
+        changes.indexed_before = {i: k.durable for i, k in kept.items()}
+        changes.checkpoints[self._layout.checkpoint_key(topic, partition)] = low_water(kept)
+        changes.checkpoints[end_key(self._layout, topic, partition)] = end
+        self._persist(changes)
+        decisions.apply(kept, ())
+        decisions.ends[partition] = end
 
     def _seed(self, partition: int) -> tuple[bool, int, int]:
         """Take a trustworthy changelog's states into the store, in ONE write with the events
