@@ -147,6 +147,7 @@ def serve_aggregate(
             data_dir=home / "faust",
             session_timeout_s=settings.session_timeout_s,
             batch_window_s=settings.batch_window_ms / 1000,
+            batch_max_bytes=settings.batch_max_bytes,
             framework_log_level=settings.framework_log_level,
             tick_interval_s=spec.tick_interval_s,
         ),

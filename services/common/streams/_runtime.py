@@ -93,6 +93,11 @@ class StreamSettings:
     session_timeout_s: float = 10.0
     batch_size: int = 200
     batch_window_s: float = 0.005  # TENURE_BATCH_WINDOW_MS
+    # The most record bytes one transaction decides (TENURE_BATCH_MAX_BYTES): a batch taken from
+    # a backlog is split into parts under it, each its own transaction, so the first command of
+    # a backlog of heavy records (a batch renewal's envelope carries ~60 commands) is answered
+    # after its part, not after everything that was waiting.
+    batch_max_bytes: int = 65_536
     # How often timer work (lease expiry) runs: bounds how late an expiry is recorded.
     tick_interval_s: float = 0.1
     # faust's own chatter; raise to INFO/DEBUG when diagnosing rebalances.
@@ -102,6 +107,23 @@ class StreamSettings:
     retry_base_s: float = 0.1
     retry_cap_s: float = 5.0
     transient_budget_s: float = 120.0
+
+
+def parts_of(records: Sequence[InboundRecord], max_bytes: int) -> list[Sequence[InboundRecord]]:
+    """`records` in order, cut into parts of at most `max_bytes` of values (a record larger than
+    that is a part of its own). Each part is decided and committed on its own: its transaction
+    carries its own offsets, so a crash after one part redelivers only what came after it."""
+    parts: list[Sequence[InboundRecord]] = []
+    start, size = 0, 0
+    for index, record in enumerate(records):
+        weight = len(record.value or b"")
+        if index > start and size + weight > max_bytes:
+            parts.append(records[start:index])
+            start, size = index, 0
+        size += weight
+    if start < len(records):
+        parts.append(records[start:])
+    return parts
 
 
 class _Retrying:
@@ -264,7 +286,8 @@ class CommandStream:
         async def process(stream: Any) -> None:
             async for events in stream.take_events(s.batch_size, within=s.batch_window_s):
                 records = [_record_of(e.message) for e in events]
-                await asyncio.to_thread(self.handle_or_die, records)
+                for part in parts_of(records, s.batch_max_bytes):
+                    await asyncio.to_thread(self.handle_or_die, part)
                 self._metrics.consumed(records, self._highwater)
 
         app.agent(topic, name=f"{s.app_id}.process")(process)
