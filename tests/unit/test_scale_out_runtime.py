@@ -8,12 +8,16 @@ owned partitions' positions in the timer thread, nothing before an assignment is
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from pathlib import Path
 from typing import Any
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from services.common.kafka import GroupFence, InboundRecord
-from services.common.streams import CommandStream, StreamSettings
+from services.common.streams import CommandStream, StreamSettings, parts_of
 
 
 def _record(partition: int, offset: int) -> InboundRecord:
@@ -129,3 +133,20 @@ def test_a_revocation_clears_the_fence_only_after_the_processor_let_go(tmp_path:
     asyncio.run(stream.app.on_partitions_revoked.send(set()))
     assert seen and seen[0] is not None and seen[0].generation == 5
     assert stream.group_fence() is None and stream.assignment is None
+
+
+@given(st.lists(st.integers(min_value=0, max_value=5_000), max_size=60), st.integers(1_024, 8_192))
+def test_a_backlog_is_decided_in_parts_under_the_byte_cap_in_order_and_whole(
+    sizes: list[int], cap: int
+) -> None:
+    """TENURE_BATCH_MAX_BYTES: every record lands in exactly one part, in order; a part is over
+    the cap only when it is one record that alone is (issue 16, the renewal envelopes' backlog)."""
+    records = [InboundRecord("runs.commands", 0, i, b"k", b"x" * size, ()) for i, size in enumerate(sizes)]
+    parts = parts_of(records, cap)
+    assert [r for part in parts for r in part] == records
+    assert all(part for part in parts)
+    for part in parts:
+        weight = sum(len(r.value) for r in part)
+        assert weight <= cap or len(part) == 1
+    for before, after in itertools.pairwise(parts):  # no part could have taken the next record
+        assert sum(len(r.value) for r in before) + len(after[0].value) > cap

@@ -5,6 +5,12 @@ and state never go through faust (its exactly_once mode double-counts after kill
 rebalances, faust-streaming/faust#323, #517), see services/common/aggregate/processor.py.
 """
 
-from services.common.streams._runtime import CommandStream, Failure, StreamSettings, classify_failure
+from services.common.streams._runtime import (
+    CommandStream,
+    Failure,
+    StreamSettings,
+    classify_failure,
+    parts_of,
+)
 
-__all__ = ["CommandStream", "Failure", "StreamSettings", "classify_failure"]
+__all__ = ["CommandStream", "Failure", "StreamSettings", "classify_failure", "parts_of"]

@@ -46,7 +46,7 @@ from services.common.kafka import (
 from services.common.store import is_transient_store_error
 from services.common.streams._faust_client import faust_broker_url, faust_client_options
 
-__all__ = ["CommandStream", "Failure", "StreamSettings", "classify_failure"]
+__all__ = ["CommandStream", "Failure", "StreamSettings", "classify_failure", "parts_of"]
 
 log = logging.getLogger("tenure.streams")
 
