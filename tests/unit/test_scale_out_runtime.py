@@ -24,7 +24,7 @@ def _record(partition: int, offset: int) -> InboundRecord:
     return InboundRecord("runs.commands", partition, offset, b"k", b"v", ())
 
 
-def _stream(tmp_path: Path, handler: Any) -> CommandStream:
+def _stream(tmp_path: Path, handler: Any, on_revoked: Any = lambda: None) -> CommandStream:
     settings = StreamSettings(
         app_id="tenure-test-scale",
         bootstrap_servers="127.0.0.1:1",
@@ -33,7 +33,7 @@ def _stream(tmp_path: Path, handler: Any) -> CommandStream:
         instance_id="3",
         data_dir=tmp_path,
     )
-    return CommandStream(settings, handler, on_revoked=lambda: None, on_assigned=lambda _: None)
+    return CommandStream(settings, handler, on_revoked=on_revoked, on_assigned=lambda _: None)
 
 
 def _owning(stream: CommandStream, partitions: set[int], generation: int = 5) -> None:
@@ -119,15 +119,7 @@ def test_a_revocation_clears_the_fence_only_after_the_processor_let_go(tmp_path:
     def on_revoked() -> None:
         seen.append(stream.group_fence())
 
-    settings = StreamSettings(
-        app_id="tenure-test-scale",
-        bootstrap_servers="127.0.0.1:1",
-        topic="runs.commands",
-        partitions=4,
-        instance_id="3",
-        data_dir=tmp_path,
-    )
-    stream = CommandStream(settings, lambda records: None, on_revoked=on_revoked, on_assigned=lambda _: None)
+    stream = _stream(tmp_path, lambda records: None, on_revoked)
     _owning(stream, {0})
     stream._positions.update({0: 7})
     asyncio.run(stream.app.on_partitions_revoked.send(set()))
