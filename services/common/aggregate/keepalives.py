@@ -21,11 +21,15 @@ Why the safety rules hold:
      answers a renewal only once it reads the event, read-committed: an instance fenced by a
      rebalance or a restart cannot answer one.
   2. Never forgotten by a restore. After the events are folded, the restore reads the keepalive
-     topic from a low-water mark (at or below the offset of every kept event still live, kept in
-     the store and in the state changelog with each transaction) to its end, and keeps, for each
-     aggregate, the chain of events whose version is the durable one + 1. Later decisions and
-     timers (the expiry) see exactly the state the previous owner answered from, so an expiry is
-     never decided earlier than the holder may believe its lease valid.
+     topic to its end (restore.py, `restore_kept`) and keeps, for each aggregate, the chain of
+     events whose version is the durable one + 1. It reads from a low-water mark, at or below
+     the offset of every kept event the store knew to be live (written with each unit that
+     changes what is kept, to the store and to the state changelog), and from the topic's end as
+     the store last knew it when the topic grew since (`restore_from`: another owner kept events
+     after a rebalance, or a crash cut this process's store write after its commit). An empty
+     store takes the changelog's mark, the last owner's. Later decisions and timers (the expiry)
+     see exactly the state the previous owner answered from, so an expiry is never decided
+     earlier than the holder may believe its lease valid.
   3. The log stays the fold. Any other decision for the aggregate, and any timer with work,
      first puts the kept event on the events topic (its version is the durable one + 1, its id
      deterministic), then decides against the state after it: the store's state is always the
