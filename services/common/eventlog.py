@@ -32,6 +32,10 @@ class EventLog(Protocol):
 
 
 class KafkaEventLog:
+    # A committed transaction ends, on each partition it wrote, with one control record: the end
+    # of a partition right after a commit is its last record's offset + 1 + this.
+    markers_per_commit = 1
+
     def __init__(self, bootstrap_servers: str, transactional_id: str) -> None:
         self._writer = TransactionalWriter(bootstrap_servers, transactional_id)
         self._reader = PartitionReader(bootstrap_servers, client_id=f"{transactional_id}-restore")

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.common.aggregate.changelog import KEEPALIVE_KEY
-from services.common.aggregate.keepalives import NONE_LIVE
+from services.common.aggregate.keepalives import NONE_LIVE, restore_from
 from services.common.clock import ManualClock
 from services.common.contracts import LeaseExpired, LeaseRenewed, RunEvent
 from services.common.eventlog import MemoryEventLog
@@ -343,3 +343,98 @@ def test_a_commit_whose_store_write_a_crash_cut_is_restored_with_its_kept_renewa
     h.processor.tick()
     assert len(h.expiries()) == 1
     h.check()
+
+
+def _timer_keys(store: MemoryStore, run_id: str) -> list[str]:
+    return [key for key, _ in store.scan("timer/") if key.endswith(f"/{run_id}")]
+
+
+def test_a_timer_entry_left_behind_by_a_replaced_kept_renewal_is_re_indexed_by_the_tick() -> None:
+    """A's store indexed its kept renewal's expiry; another owner replaced that renewal on the
+    log, and A's restore re-indexed from the durable state it knew. The entry A made for the kept
+    renewal stays behind; the first tick past it deletes it and keeps the run's current one."""
+    h = Harness()
+    partition = partition_of(h.run_id)
+    h.clock.advance(2_000)
+    assert h.renew().kept == 1
+    stale = h.store
+    left_behind = _timer_keys(stale, h.run_id)
+    fresh = MemoryStore()
+    h.processor, h.store = h.new_processor(fresh), fresh
+    h.processor.restore(partition)
+    h.clock.advance(14_000)
+    assert h.renew().events == 1, "the other owner's renewal goes on runs.events"
+    h.processor, h.store = h.new_processor(stale), stale  # handed back
+    h.processor.restore(partition)
+    assert set(left_behind) <= set(_timer_keys(stale, h.run_id)), "the kept renewal's entry is still there"
+    current = _timer_keys(fresh, h.run_id)
+    h.clock.advance(10_000)  # past the left-behind entry, before the run's current one
+    h.processor.tick()
+    assert not h.expiries()
+    assert _timer_keys(stale, h.run_id) == current
+    h.check()
+
+
+def test_where_a_restore_reads_the_keepalive_topic_from() -> None:
+    assert restore_from(NONE_LIVE, None, 10) == NONE_LIVE  # an empty store seeded: the mark as is
+    assert restore_from(4, None, 10) == 4
+    assert restore_from(NONE_LIVE, 10, 10) == NONE_LIVE, "nothing written since: nothing read"
+    assert restore_from(4, 10, 10) == 4
+    assert restore_from(NONE_LIVE, 10, 12) == 10, "someone wrote since: read what they wrote"
+    assert restore_from(4, 10, 12) == 4
+    assert restore_from(11, 10, 12) == 10
+
+
+class _KafkaLikeLog(MemoryEventLog):
+    """The twin, saying what Kafka's log says: a commit ends with a control record per partition."""
+
+    markers_per_commit = 1
+
+    def commit(self, records: Any) -> dict[tuple[str, int], int]:
+        last = super().commit(records)
+        for topic, partition in last:  # the commit marker: an offset no reader is given
+            self.topics[(topic, partition)].append(self.topics[(topic, partition)][-1])
+        return last
+
+    def read(self, topic: str, partition: int, start_offset: int) -> Any:
+        seen: set[int] = set()
+        for record in super().read(topic, partition, start_offset):
+            if id(record) not in seen:
+                seen.add(id(record))
+                yield record
+
+
+def test_the_end_a_store_remembers_counts_the_commit_marker_so_a_quiet_restart_reads_nothing() -> None:
+    """Kafka's end after a commit is the last record + 2: remembering + 1 made every restore
+    after a kept renewal read runs.renewals (a fetch round each), as if someone had written."""
+    h = Harness()
+    h.log = _KafkaLikeLog()
+    h.processor = h.new_processor(MemoryStore())
+    h.store = h.processor._store  # type: ignore[assignment]
+    h.processor.handle([h.topic.record(submit_command("acme", "k2", command_id="s-2"))])
+    run_id = next(key.removeprefix("run/") for key, _ in h.store.scan("run/"))
+    h.processor.handle([h.topic.record(claim_cmd(run_id, command_id="c-2", lease_seconds=LEASE_S))])
+    lease = h.processor.load(run_id).lease  # type: ignore[union-attr]
+    assert lease is not None
+    for sequence in (1, 2):
+        h.clock.advance(1_000)
+        renew = renew_cmd(run_id, lease.attempt_id, lease.epoch, sequence, command_id=f"q-{sequence}")
+        h.processor.handle([h.topic.record(renew)])
+    partition = partition_of(run_id)
+    end = h.log.end_offset(RUNS_RENEWALS.name, partition)
+    assert end == 2 and h.store.get(f"checkpoint/{RUNS_RENEWALS.name}@end/{partition}") == b"2"
+    report = report_cmd(run_id, lease.attempt_id, lease.epoch, 3, command_id="rep-2")
+    h.processor.handle([h.topic.record(report)])  # the kept renewal goes on runs.events: none live
+    assert h.store.get(checkpoint_key(partition, RUNS_RENEWALS.name)) == str(NONE_LIVE).encode()
+    read: list[str] = []
+    original = h.log.read
+
+    def counting(topic: str, partition: int, start: int) -> Any:
+        read.append(topic)
+        return original(topic, partition, start)
+
+    h.log.read = counting  # type: ignore[method-assign]
+    h.processor = h.new_processor(h.store)  # type: ignore[arg-type]
+    h.processor.restore(partition)
+    assert RUNS_RENEWALS.name not in read, "nobody wrote runs.renewals since: it is not read"
+    assert h.processor.load(run_id) is not None

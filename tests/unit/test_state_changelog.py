@@ -13,7 +13,14 @@ from collections.abc import Iterator
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.common.aggregate.changelog import CHECKPOINT_KEY, COMPLETE_KEY, FORMAT_HEADER
+from services.common.aggregate.changelog import (
+    CHECKPOINT_KEY,
+    COMPLETE_KEY,
+    FORMAT_HEADER,
+    keepalive_record,
+    read_seed,
+    reseed_records,
+)
 from services.common.clock import ManualClock
 from services.common.eventlog import MemoryEventLog
 from services.common.ids import run_id_for
@@ -167,3 +174,17 @@ def test_the_state_format_names_the_codec_layout() -> None:
 def _any_state() -> object:
     _, store = busy_log(2)
     return decode_state(next(raw for _, raw in store.scan("run/")))
+
+
+def test_a_keepalive_mark_of_an_older_state_format_does_not_make_the_changelog_untrusted() -> None:
+    """The keepalive mark is an offset of runs.renewals, not a state. A changelog written again
+    after a state-format change (which rewrites states, checkpoint and the 'whole' mark, never the
+    keepalive mark) must be trusted: before, its old mark kept it untrusted until the partition's
+    next kept renewal, so every empty-store restore folded runs.events from 0 again."""
+    topic = RUNS_STATES.name
+    log = MemoryEventLog(PARTITIONS)
+    log.commit([keepalive_record(topic, 0, 7, "an-older-format")])
+    log.commit(reseed_records(topic, [("run_x", b"{}")], 0, 42, STATE_FORMAT))
+    seed = read_seed(log, topic, 0, STATE_FORMAT)
+    assert seed.usable and seed.checkpoint == 42 and seed.states == {"run_x": b"{}"}
+    assert seed.keepalive_from == 7

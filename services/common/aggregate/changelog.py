@@ -110,11 +110,13 @@ def read_seed(log: EventLog, topic: str, partition: int, state_format: str) -> C
             latest[record.key] = (record.value, _format_of(record.headers))
     seed.records = records
     wanted = state_format.encode()
+    # The keepalive mark is an offset of another topic, whatever the states' format: a changelog
+    # written again after a format change (which writes no mark) is not distrusted for it.
+    keepalive = latest.pop(KEEPALIVE_KEY, None)
     # Only the last record of a key counts: what compaction has not removed yet was superseded.
     if any(written_format != wanted for _, written_format in latest.values()):
         return seed
     checkpoint, complete = latest.pop(CHECKPOINT_KEY, None), latest.pop(COMPLETE_KEY, None)
-    keepalive = latest.pop(KEEPALIVE_KEY, None)
     if checkpoint is None or complete is None:
         return seed  # written since an upgrade only, or cut while being written again: not whole
     seed.usable = True

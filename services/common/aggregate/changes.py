@@ -82,6 +82,10 @@ class Changes(Generic[S, E]):
     kept: dict[str, Kept[S, E]] = field(default_factory=dict)
     unkept: set[str] = field(default_factory=set)
     indexed_before: dict[str, S | None] = field(default_factory=dict)
+    # Timer keys a tick found due whose aggregate times itself elsewhere now (left behind by an
+    # index entry made from a kept event's state that another owner, or a crash, replaced):
+    # stale key -> (partition, aggregateId, the due its state calls for; None: no timer).
+    stale_timers: dict[str, tuple[int, str, int | None]] = field(default_factory=dict)
 
     def settle(self, partition: int, aggregate_id: str, previous: S | None, state: S) -> None:
         """Take `state` as the aggregate's new state; `previous` is the one it was decided on."""

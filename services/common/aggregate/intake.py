@@ -1,6 +1,6 @@
 """The runtime's intake of one command record (services/common/aggregate/processor.py, step 2):
 its decoding (an envelope opened into its commands), its route check, and the dead letter of a
-command whose handling raised."""
+command (or timer work) whose handling raised."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from services.common.aggregate.definition import AggregateDefinition
 from services.common.aggregate.envelopes import open_envelope
 from services.common.kafka import InboundRecord, OutboundRecord
 from services.common.messages import MessageCodec, command_or_deadletter
-from services.common.poison import failure_reason, set_aside_command
+from services.common.poison import TIMER_FAILED, failure_reason, set_aside_command, set_aside_timer
 
 __all__ = ["Intake"]
 
@@ -73,6 +73,25 @@ class Intake(Generic[S, C]):
             rejections_topic=d.rejections_topic,
             current_status=d.status(state) if state is not None else None,
             current_version=d.version(state) if state is not None else 0,
+            log=d.log,
+        )
+
+    def set_timer_aside(
+        self, partition: int, aggregate_id: str, state: S, due: int, exc: Exception
+    ) -> OutboundRecord:
+        """The dead letter of timer work that raised; the tick goes on, and the timer waits for
+        the aggregate's next change."""
+        d = self.definition
+        self._deadlettered(TIMER_FAILED)
+        return set_aside_timer(
+            partition,
+            aggregate_id,
+            d.version(state),
+            due,
+            exc,
+            processor=d.processor_name,
+            deadletter_topic=d.deadletter_topic,
+            events_topic=d.events_topic,
             log=d.log,
         )
 

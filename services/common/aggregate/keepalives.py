@@ -241,13 +241,19 @@ class KeptDecisions(Generic[S, E]):
                 self.ends[partition] = offset + 1
 
     def remember_ends(
-        self, changes: Changes[S, E], written: Mapping[tuple[str, int], int], topic: str, layout: StoreLayout
+        self,
+        changes: Changes[S, E],
+        written: Mapping[tuple[str, int], int],
+        topic: str,
+        layout: StoreLayout,
+        markers: int,
     ) -> None:
-        """With the unit's store write: the keepalive topic's end after what it wrote, so that a
-        restore can tell whether the topic grew since (`restore_from`)."""
+        """With the unit's store write: the keepalive topic's end after what it wrote (its commit
+        marker included: `markers`, the log's control records per commit), so that a restore can
+        tell whether the topic grew since (`restore_from`) without reading it when it did not."""
         for written_topic, partition in written:
             if written_topic == topic:
-                changes.checkpoints[end_key(layout, topic, partition)] = self.ends[partition]
+                changes.checkpoints[end_key(layout, topic, partition)] = self.ends[partition] + markers
 
     def apply(self, kept: Mapping[str, Kept[S, E]], unkept: Iterable[str]) -> None:
         """A committed unit: what it put on the events topic goes, what it kept comes (newest)."""

@@ -62,11 +62,7 @@ from services.common.eventlog import EventLog
 from services.common.health import ProcessorMetrics
 from services.common.kafka import InboundRecord, OutboundRecord
 from services.common.messages import MessageCodec
-from services.common.poison import (
-    TIMER_FAILED,
-    ensure_writable,
-    set_aside_timer,
-)
+from services.common.poison import ensure_writable
 from services.common.store import KeyValueStore
 from services.common.tracing import commit_span, decide_span, remember, traced_as, traced_records
 
@@ -124,6 +120,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
         self._decoded: dict[str, tuple[bytes, S]] = {}  # oldest first
         self._decoded_lock = threading.Lock()  # `load` is also called outside `_lock`
         self._kept: KeptDecisions[S, E] = KeptDecisions()  # keepalives.py
+        self._markers = int(getattr(event_log, "markers_per_commit", 0))
         self._intake: Intake[S, C] = Intake(definition, codec, self.metrics.deadlettered)
         # aggregateId -> the version whose timer work failed. Read once, then kept in step with
         # every write (like the refused ids, a store fact).
@@ -334,7 +331,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
                 return decided
             if outcome.keep is not None:
                 assert state is not None and outcome.effective is not None
-                written = [self._codec.outbound(d.keepalive_topic, key, outcome.keep, record.partition)]
+                written = [self._codec.outbound(d.keepalive_topic, key, outcome.keep, partition)]
                 ensure_writable(written)
                 offset = self._kept.ends.get(partition, 0)
                 entry = Kept(outcome.keep, state, outcome.effective, partition, offset)
@@ -414,7 +411,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
                 except SchemaRegistryError:
                     raise  # the registry's outage, not the timer's fault: retry the tick
                 except Exception as exc:
-                    out.append(self._set_timer_aside(partition, aggregate_id, state, due, exc))
+                    out.append(self._intake.set_timer_aside(partition, aggregate_id, state, due, exc))
                     changes.timer_failures[aggregate_id] = d.version(state)
                     kept = min(kept, due)
                     continue
@@ -423,6 +420,8 @@ class AggregateProcessor(Generic[S, C, E, X]):
                     self._kept.settle(changes, aggregate_id, decided.unkept)
                     out.extend(decided.written)
                     events.extend(decided.events)
+                elif (current := self._timer_due_of(aggregate_id, state, changes)) != due:
+                    changes.stale_timers[key] = (partition, aggregate_id, current)  # re-indexed
                 else:
                     kept = min(kept, due)
                 if len(events) >= self._TICK_CHUNK:
@@ -438,7 +437,14 @@ class AggregateProcessor(Generic[S, C, E, X]):
             self._timer_floor[partition] = min(floor, self._tick_indexed.get(partition, floor))
         if out:
             self._commit(out, events, changes)
+        elif changes.stale_timers:
+            self._persist(changes)  # only the timer index changes: a store write, no transaction
         return written + len(events)
+
+    def _timer_due_of(self, aggregate_id: str, state: S, changes: Changes[S, E]) -> int | None:
+        """When the aggregate's decisions call for its timer now: its kept event's state's, if any."""
+        kept = self._kept.of(changes, aggregate_id)
+        return self.definition.next_timer_at(kept.effective if kept is not None else state)
 
     def _decide_timers(
         self, aggregate_id: str, partition: int, state: S, now: int, changes: Changes[S, E]
@@ -453,23 +459,6 @@ class AggregateProcessor(Generic[S, C, E, X]):
         decided = self._evolve(aggregate_id, partition, state, (kept.event, *due) if due else (), changes)
         decided.unkept = bool(due)
         return decided
-
-    def _set_timer_aside(
-        self, partition: int, aggregate_id: str, state: S, due: int, exc: Exception
-    ) -> OutboundRecord:
-        d = self.definition
-        self.metrics.deadlettered(TIMER_FAILED)
-        return set_aside_timer(
-            partition,
-            aggregate_id,
-            d.version(state),
-            due,
-            exc,
-            processor=d.processor_name,
-            deadletter_topic=d.deadletter_topic,
-            events_topic=d.events_topic,
-            log=d.log,
-        )
 
     # --- the transaction and the store write (steps 3 and 4) ------------------------------------
 
@@ -496,7 +485,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
             # A kept event is counted when it is kept, not again when it goes on the events topic.
             counted = self._kept.counted(changes, events)
             self._kept.committed(changes, written, d.keepalive_topic)
-            self._kept.remember_ends(changes, written, d.keepalive_topic, self._layout)
+            self._kept.remember_ends(changes, written, d.keepalive_topic, self._layout, self._markers)
         if out:
             self.metrics.transaction(time.monotonic() - started)
         self.metrics.committed(counted)  # the areas' meters count what was committed (services/*/metrics.py)
@@ -563,6 +552,11 @@ class AggregateProcessor(Generic[S, C, E, X]):
             self._lower_timer_floor(partition, after)
             deletes.extend(key for key in old if key not in new)
             puts.update({key: value for key, value in new.items() if old.get(key) != value})
+        for stale, (partition, aggregate_id, due) in changes.stale_timers.items():
+            deletes.append(stale)
+            if due is not None:
+                puts[layout.timer_key(partition, due, aggregate_id)] = b""
+                self._lower_floor(partition, due)
         context_puts, context_deletes = changes.context.writes()
         puts.update(context_puts)
         deletes.extend(context_deletes)
@@ -587,8 +581,10 @@ class AggregateProcessor(Generic[S, C, E, X]):
         if not self.definition.has_timers:
             return
         due = self.definition.next_timer_at(state)
-        if due is None:
-            return
+        if due is not None:
+            self._lower_floor(partition, due)
+
+    def _lower_floor(self, partition: int, due: int) -> None:
         if partition in self._timer_floor:
             self._timer_floor[partition] = min(self._timer_floor[partition], due)
         self._tick_indexed[partition] = min(self._tick_indexed.get(partition, due), due)

@@ -61,14 +61,21 @@ class GroupFence:
 def committed_offsets(
     bootstrap_servers: str, group_id: str, topic: str, partitions: set[int], timeout_s: float = 10.0
 ) -> dict[int, int]:
-    """The group's committed offsets of `topic` (partitions with none are left out). Reads only:
-    this consumer never subscribes, so it never joins the group."""
+    """The group's committed offsets of `topic`; for a partition with none (a new group, or
+    offsets expired while the group sat empty), its log start, where the group's consumer starts
+    (`auto.offset.reset` earliest), so that timer work of such a partition can still be fenced
+    (issue 16). Reads only: this consumer never subscribes, so it never joins the group."""
     config = base_config(bootstrap_servers, f"{group_id}-offsets")
     config.pop("partitioner", None)
     config.update({"group.id": group_id, "enable.auto.commit": False})
     consumer = Consumer(config)
     try:
         found = consumer.committed([TopicPartition(topic, p) for p in sorted(partitions)], timeout=timeout_s)
+        offsets = {tp.partition: tp.offset for tp in found if tp.error is None and tp.offset >= 0}
+        for partition in sorted(partitions - offsets.keys()):
+            low, _ = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s)
+            if low >= 0:
+                offsets[partition] = low
     finally:
         consumer.close()
-    return {tp.partition: tp.offset for tp in found if tp.error is None and tp.offset >= 0}
+    return offsets
