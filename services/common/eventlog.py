@@ -62,6 +62,8 @@ class KafkaEventLog:
 class MemoryEventLog:
     """A twin for unit tests: partitions are lists; a failing commit leaves nothing behind."""
 
+    markers_per_commit = 0  # no control records: the end after a commit is the last record + 1
+
     def __init__(self, partitions: int = 4) -> None:
         self._partitions = partitions
         self.topics: dict[tuple[str, int], list[InboundRecord]] = {}

@@ -82,6 +82,11 @@ class Harness:
             self.believed_until = max(self.believed_until, answered[0].expires_at)
         return outcome
 
+    def renew_every(self, ms: int, times: int) -> None:
+        for _ in range(times):
+            self.clock.advance(ms)
+            self.renew()
+
     def events(self) -> list[RunEvent]:
         return [CODEC.decode(r.value) for r in log_records(self.log, RUNS_EVENTS.name)]
 
@@ -119,9 +124,7 @@ def test_renewals_between_two_on_the_log_go_to_runs_renewals_and_change_no_store
 
 def test_a_renewal_goes_on_runs_events_once_the_last_one_there_is_half_a_lease_old() -> None:
     h = Harness()
-    for _ in range(20):  # every 2 s: one on the log about every 15 s
-        h.clock.advance(2_000)
-        h.renew()
+    h.renew_every(2_000, 20)  # every 2 s: one on the log about every 15 s
     on_log = [e for e in h.events() if isinstance(e, LeaseRenewed)]
     assert [e.sequence for e in on_log] == [1, 9, 17]
     assert len(h.kept_records()) == 18
@@ -132,9 +135,7 @@ def test_a_renewal_goes_on_runs_events_once_the_last_one_there_is_half_a_lease_o
 
 def test_a_report_puts_the_kept_renewal_on_the_log_first_with_its_own_id() -> None:
     h = Harness()
-    for _ in range(3):
-        h.clock.advance(1_000)
-        h.renew()
+    h.renew_every(1_000, 3)
     kept = h.kept_records()[-1]
     report = report_cmd(h.run_id, h.attempt_id, h.epoch, h.sequence + 1, command_id="rep-1")
     outcome = h.processor.handle([h.topic.record(report)])
@@ -174,9 +175,7 @@ def test_the_expiry_waits_for_the_kept_renewal_and_puts_it_on_the_log_first() ->
 
 def test_a_restore_into_an_empty_store_keeps_the_kept_renewals() -> None:
     h = Harness()
-    for _ in range(4):
-        h.clock.advance(2_000)
-        h.renew()
+    h.renew_every(2_000, 4)
     fresh = MemoryStore()
     h.processor, h.store = h.new_processor(fresh), fresh  # another instance takes the partition
     h.processor.restore(partition_of(h.run_id))
@@ -195,9 +194,7 @@ def test_the_low_water_mark_moves_past_renewals_no_longer_kept() -> None:
     h = Harness()
     partition = partition_of(h.run_id)
     mark = checkpoint_key(partition, RUNS_RENEWALS.name)
-    for _ in range(39):
-        h.clock.advance(2_000)
-        h.renew()
+    h.renew_every(2_000, 39)
     kept_offsets = [r.offset for r in log_records(h.log, RUNS_RENEWALS.name)]
     low = int(h.store.get(mark) or b"0")
     # Past the renewals since put on runs.events, never past the one still kept (the last).
@@ -248,9 +245,7 @@ def test_whatever_the_order_no_expiry_is_earlier_than_the_holder_believes(
 
 def test_each_accepted_renewal_is_counted_once_wherever_it_is() -> None:
     h = Harness()  # one renewal on runs.events
-    for _ in range(9):
-        h.clock.advance(2_000)
-        h.renew()  # kept, or on runs.events every 15 s
+    h.renew_every(2_000, 9)  # kept, or on runs.events every 15 s
     h.processor.handle([h.topic.record(report_cmd(h.run_id, h.attempt_id, h.epoch, h.sequence + 1))])
     assert len({e.event_id for e in h.renewals()}) == 10, "the last kept one went on runs.events too"
     counted = h.processor.metrics.registry.get_sample_value("tenure_lease_renewals_total")
@@ -260,9 +255,7 @@ def test_each_accepted_renewal_is_counted_once_wherever_it_is() -> None:
 def test_once_no_renewal_is_kept_the_mark_says_so_and_a_restore_reads_nothing() -> None:
     h = Harness()
     partition = partition_of(h.run_id)
-    for _ in range(3):
-        h.clock.advance(2_000)
-        h.renew()
+    h.renew_every(2_000, 3)
     h.processor.handle([h.topic.record(report_cmd(h.run_id, h.attempt_id, h.epoch, h.sequence + 1))])
     assert h.store.get(checkpoint_key(partition, RUNS_RENEWALS.name)) == str(NONE_LIVE).encode()
     changelog = [r for r in log_records(h.log, RUNS_STATES.name) if r.key == KEEPALIVE_KEY]

@@ -233,14 +233,7 @@ class KeptDecisions(Generic[S, E]):
         fresh = [(e, p) for e, p in events if id(e) not in before]
         return fresh + [(k.event, k.partition) for k in changes.kept.values()]
 
-    def committed(self, changes: Changes[S, E], written: Mapping[tuple[str, int], int], topic: str) -> None:
-        """A unit's transaction committed: apply it, and move the ends of what it wrote."""
-        self.apply(changes.kept, changes.unkept)
-        for (written_topic, partition), offset in written.items():
-            if written_topic == topic:
-                self.ends[partition] = offset + 1
-
-    def remember_ends(
+    def committed(
         self,
         changes: Changes[S, E],
         written: Mapping[tuple[str, int], int],
@@ -248,12 +241,15 @@ class KeptDecisions(Generic[S, E]):
         layout: StoreLayout,
         markers: int,
     ) -> None:
-        """With the unit's store write: the keepalive topic's end after what it wrote (its commit
-        marker included: `markers`, the log's control records per commit), so that a restore can
-        tell whether the topic grew since (`restore_from`) without reading it when it did not."""
-        for written_topic, partition in written:
+        """A unit's transaction committed: apply it, move the ends of what it wrote, and have the
+        unit's store write remember each end, its commit marker included (`markers`: the log's
+        control records per commit), so that a restore can tell whether the topic grew since
+        (`restore_from`) without reading it when it did not."""
+        self.apply(changes.kept, changes.unkept)
+        for (written_topic, partition), offset in written.items():
             if written_topic == topic:
-                changes.checkpoints[end_key(layout, topic, partition)] = self.ends[partition] + markers
+                self.ends[partition] = offset + 1
+                changes.checkpoints[end_key(layout, topic, partition)] = offset + 1 + markers
 
     def apply(self, kept: Mapping[str, Kept[S, E]], unkept: Iterable[str]) -> None:
         """A committed unit: what it put on the events topic goes, what it kept comes (newest)."""

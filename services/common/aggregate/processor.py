@@ -484,8 +484,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
         if d.keepalive_topic is not None:
             # A kept event is counted when it is kept, not again when it goes on the events topic.
             counted = self._kept.counted(changes, events)
-            self._kept.committed(changes, written, d.keepalive_topic)
-            self._kept.remember_ends(changes, written, d.keepalive_topic, self._layout, self._markers)
+            self._kept.committed(changes, written, d.keepalive_topic, self._layout, self._markers)
         if out:
             self.metrics.transaction(time.monotonic() - started)
         self.metrics.committed(counted)  # the areas' meters count what was committed (services/*/metrics.py)
