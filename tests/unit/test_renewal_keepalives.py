@@ -252,6 +252,19 @@ def test_each_accepted_renewal_is_counted_once_wherever_it_is() -> None:
     assert counted == 10
 
 
+def _topics_read(log: MemoryEventLog) -> list[str]:
+    """The topics `log` is asked to read from now on, in order."""
+    read: list[str] = []
+    original = log.read
+
+    def counting(topic: str, partition: int, start: int) -> Any:
+        read.append(topic)
+        return original(topic, partition, start)
+
+    log.read = counting  # type: ignore[method-assign]
+    return read
+
+
 def test_once_no_renewal_is_kept_the_mark_says_so_and_a_restore_reads_nothing() -> None:
     h = Harness()
     partition = partition_of(h.run_id)
@@ -261,14 +274,7 @@ def test_once_no_renewal_is_kept_the_mark_says_so_and_a_restore_reads_nothing() 
     changelog = [r for r in log_records(h.log, RUNS_STATES.name) if r.key == KEEPALIVE_KEY]
     assert int(changelog[-1].value) == NONE_LIVE
 
-    read: list[str] = []
-    original = h.log.read
-
-    def counting(topic: str, partition: int, start: int) -> Any:
-        read.append(topic)
-        return original(topic, partition, start)
-
-    h.log.read = counting  # type: ignore[method-assign]
+    read = _topics_read(h.log)
     fresh = MemoryStore()
     h.processor, h.store = h.new_processor(fresh), fresh
     h.processor.restore(partition)
@@ -419,14 +425,7 @@ def test_the_end_a_store_remembers_counts_the_commit_marker_so_a_quiet_restart_r
     report = report_cmd(run_id, lease.attempt_id, lease.epoch, 3, command_id="rep-2")
     h.processor.handle([h.topic.record(report)])  # the kept renewal goes on runs.events: none live
     assert h.store.get(checkpoint_key(partition, RUNS_RENEWALS.name)) == str(NONE_LIVE).encode()
-    read: list[str] = []
-    original = h.log.read
-
-    def counting(topic: str, partition: int, start: int) -> Any:
-        read.append(topic)
-        return original(topic, partition, start)
-
-    h.log.read = counting  # type: ignore[method-assign]
+    read = _topics_read(h.log)
     h.processor = h.new_processor(h.store)  # type: ignore[arg-type]
     h.processor.restore(partition)
     assert RUNS_RENEWALS.name not in read, "nobody wrote runs.renewals since: it is not read"
