@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from services.common.avro import SchemaRegistry, UndecodableRecord, default_registry
+from services.common.avro import EventPeek, SchemaRegistry, UndecodableRecord, default_registry
 from services.common.contracts import from_record, full_name_of, to_record
 from services.common.kafka import InboundRecord, OutboundRecord
 
@@ -52,6 +52,11 @@ class MessageCodec:
             return from_record(decoded.full_name, decoded.record)
         except (KeyError, TypeError) as exc:
             raise UndecodableRecord("UNKNOWN_CONTRACT", str(exc)) from exc
+
+    def peek(self, message_types: tuple[type[Any], ...]) -> EventPeek:
+        """A reader of the aggregate id and version of records of these event types, without
+        decoding them (services/common/avro/_peek.py)."""
+        return EventPeek(self._registry, (full_name_of(t) for t in message_types))
 
     def decode_record(self, data: bytes) -> tuple[str, dict[str, Any]]:
         """(full name, wire record) without mapping to a contract type; for tools like `tail`."""

@@ -23,6 +23,7 @@ from services.common.kafka import CommandPublisher, InboundRecord, TopicFollower
 from services.common.messages import MessageCodec, UndecodableRecord, deadletter_of
 from services.common.store import RocksStore
 from services.common.topics import DEADLETTER, RUNS_EVENTS, TRAJECTORIES_EVENTS, WATCHDOG_EVENTS
+from services.projections.seeded_rebuild import rebuild_seeded
 from services.projections.store import RunViewStore
 from services.projections.trajectory_store import TrajectoryViewStore
 from services.projections.watchdog_store import WatchdogViewStore
@@ -229,19 +230,29 @@ class RebuildReport:
     events: int
     runs: int
     seconds: float
+    seeded: int = 0  # runs whose fold is left to be folded from their history when needed
+    changelog_records: int = 0  # records of the state changelog read (a seeded rebuild)
 
 
 def rebuild(
     bootstrap_servers: str,
     views: RunViewStore,
     progress: Callable[[int, int], None] | None = None,
+    *,
+    seeded: bool = True,
 ) -> RebuildReport:
-    """Clear `views` and fold runs.events from offset 0 up to its end as of the call.
+    """Clear `views` and rebuild them from runs.events, from offset 0 up to its end as of the call.
 
+    `seeded` (the default) takes each run's state from the state changelog and decodes few
+    events (seeded_rebuild.py); False decodes and folds every event, as the follower does.
     Clearing empties the whole store, trajectory views included: their offsets go with them, so
     the next `follow` refolds trajectories.events from the start (or call rebuild_trajectories)."""
     started = time.monotonic()
     views.clear()
+    if seeded:
+        report = rebuild_seeded(bootstrap_servers, views, MessageCodec(), progress)
+        seconds = time.monotonic() - started
+        return RebuildReport(report.events, report.runs, seconds, report.seeded, report.changelog_records)
     seen = _refold(bootstrap_servers, RUNS_EVENTS.name, views.apply, progress, started)
     return RebuildReport(events=seen, runs=views.count(), seconds=time.monotonic() - started)
 

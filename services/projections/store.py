@@ -27,26 +27,32 @@ import base64
 import functools
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator, Mapping
 from urllib.parse import quote
 
 from services.common.contracts import EVENT_TYPES, AttemptClaimed
+from services.common.frozen import replace
 from services.common.kafka import InboundRecord
 from services.common.messages import MessageCodec, UndecodableRecord
 from services.common.store import KeyValueStore
 from services.common.topics import RUNS_EVENTS
+from services.lease_coordinator.domain import RunState
 from services.projections.views import (
+    LeaseMark,
     RunFold,
+    brief_from,
     brief_of,
     decode_fold,
     decode_view,
     encode_fold,
     encode_view,
+    history_entry,
     render_run,
+    step_fold,
     step_run,
 )
 
-__all__ = ["BadCursor", "Page", "RunViewStore"]
+__all__ = ["SEEDED_FOLD", "BadCursor", "Page", "RebuiltRun", "RunViewStore"]
 
 _ALL = "*"
 _LAYOUT_KEY = "meta/run-views-layout"
@@ -58,6 +64,9 @@ _LAYOUT = b"5"
 # The folds this store wrote last are kept decoded, so that a run's next event does not decode
 # its fold again (a heartbeat is the common case). A fold holds no history: a few hundred bytes.
 _RECENT_FOLDS = 50_000
+# The fold/ value of a run a seeded rebuild did not fold (seeded_rebuild.py): its brief, index
+# and held entries are written, and its fold is folded again from its history when it is needed.
+SEEDED_FOLD = b"seeded"
 
 
 class BadCursor(ValueError):
@@ -70,8 +79,22 @@ class Page:
     next_cursor: str | None
 
 
-def _index_key(status: str, fold: RunFold) -> str:
-    return f"idx/{status}/{fold.state.submitted_at:013d}/{fold.state.run_id}"
+def _index_key(status: str, state: RunState) -> str:
+    return f"idx/{status}/{state.submitted_at:013d}/{state.run_id}"
+
+
+@dataclass(frozen=True)
+class RebuiltRun:
+    """One run as a rebuild leaves it: its whole fold, or (None) a seeded one, whose fold is
+    folded from its history when needed; either way the state, the last stop asked for, the
+    leases issued (their attempt, lease id and principal) and the command id that claimed the
+    lease held now ("" for a takeover's), from which its brief, index and held entries come."""
+
+    fold: RunFold | None
+    state: RunState
+    stop: Mapping[str, Any] | None
+    leases: tuple[LeaseMark, ...]
+    claimed_by: str
 
 
 @functools.lru_cache(maxsize=4096)
@@ -83,12 +106,42 @@ def _held_prefix(principal: str) -> str:
 
 def _held(fold: RunFold | None) -> tuple[str, int] | None:
     """The held/ key of the lease the run's holder holds now, and that lease's epoch; None: none held."""
-    lease = fold.state.lease if fold is not None else None
-    if fold is None or lease is None or not lease.held or not fold.leases:
+    if fold is None:
         return None
-    mark = fold.leases[-1]
+    key = _held_key(fold.state, fold.leases)
+    return (key, fold.state.lease.epoch) if key is not None and fold.state.lease is not None else None
+
+
+def _held_key(state: RunState, leases: tuple[LeaseMark, ...]) -> str | None:
+    lease = state.lease
+    if lease is None or not lease.held or not leases:
+        return None
+    mark = leases[-1]
     assert mark.epoch == lease.epoch, (mark, lease)
-    return f"{_held_prefix(mark.holder_principal)}{fold.state.run_id}", lease.epoch
+    return f"{_held_prefix(mark.holder_principal)}{state.run_id}"
+
+
+# A value holding several events' bytes in a row: this mark, then each as a 4-byte big-endian
+# length and the bytes. No JSON entry (b"{") nor encoded event (Avro's b"\xc3\x01", Confluent's
+# b"\x00") starts with it.
+_PACKED = b"\xfftenure-events\x00"
+
+
+def _packed(values: list[bytes]) -> bytes:
+    if len(values) == 1:
+        return values[0]
+    return _PACKED + b"".join(len(value).to_bytes(4, "big") + value for value in values)
+
+
+def _unpacked(stored: bytes) -> Iterator[bytes]:
+    if not stored.startswith(_PACKED):
+        yield stored
+        return
+    position = len(_PACKED)
+    while position < len(stored):
+        length = int.from_bytes(stored[position : position + 4], "big")
+        yield stored[position + 4 : position + 4 + length]
+        position += 4 + length
 
 
 def _history_prefix(run_id: str) -> str:
@@ -130,13 +183,46 @@ class RunViewStore:
 
     def _with_history(self, run_id: str, raw: bytes) -> RunFold:
         """The stored fold `raw` of the run, with the history entries read back."""
-        prefix = _history_prefix(run_id)
-        return decode_fold(raw, (decode_view(entry) for _, entry in self._store.scan(prefix)))
+        if raw == SEEDED_FOLD:
+            return self.refold(run_id)
+        entries = self._store.scan(_history_prefix(run_id))
+        return decode_fold(raw, (entry for _, stored in entries for entry in self._entries_of(stored)))
+
+    def _entries_of(self, stored: bytes) -> Iterator[dict[str, Any]]:
+        """The history entries one stored value holds: one JSON entry (the follower's), or the
+        events' own bytes, several in a row (a rebuild's), each decoded now."""
+        if stored[:1] == b"{":
+            yield decode_view(stored)
+        else:
+            for event in self._events_of(stored):
+                yield history_entry(event)
+
+    def _events_of(self, stored: bytes) -> Iterator[Any]:
+        for value in _unpacked(stored):
+            yield self._codec.decode(value)
 
     def _stored_fold(self, run_id: str) -> RunFold | None:
         """What the next event of the run is applied to: the fold without its history."""
         raw = self._store.get(f"fold/{run_id}")
+        if raw == SEEDED_FOLD:
+            return self.refold(run_id, with_history=False)
         return decode_fold(raw, ()) if raw is not None else None
+
+    def refold(self, run_id: str, *, with_history: bool = True) -> RunFold:
+        """The run's whole fold, folded again from its history entries, which a seeded rebuild
+        (seeded_rebuild.py) stored as the events' own bytes; without its history, unless asked."""
+        fold: RunFold | None = None
+        entries: list[dict[str, Any]] = []
+        for _, stored in self._store.scan(_history_prefix(run_id)):
+            for event in self._events_of(stored):
+                after = step_fold(fold, event)
+                if after is not None:
+                    fold = after
+                    if with_history:
+                        entries.append(history_entry(event))
+        if fold is None:
+            raise KeyError(f"run {run_id} has a seeded fold but no history")
+        return replace(fold, history=tuple(entries))
 
     def offsets(self) -> dict[int, int]:
         """Where to go on reading runs.events; {} (the start) for views of an older layout."""
@@ -232,12 +318,12 @@ class RunViewStore:
             folds[event.run_id] = after
             status = after.state.status.value
             if before_status is None:
-                puts[_index_key(_ALL, after)] = b""
+                puts[_index_key(_ALL, after.state)] = b""
             if before_status != status:
                 if before_status is not None:
-                    deletes.append(_index_key(before_status, after))
-                    puts.pop(_index_key(before_status, after), None)
-                puts[_index_key(status, after)] = b""
+                    deletes.append(_index_key(before_status, after.state))
+                    puts.pop(_index_key(before_status, after.state), None)
+                puts[_index_key(status, after.state)] = b""
             held_before, held_after = _held(before), _held(after)
             if held_before != held_after:
                 if held_before is not None:
@@ -259,6 +345,39 @@ class RunViewStore:
         for run_id, kept in written.items():
             self._remember(run_id, kept)
         return applied
+
+    def write_entries(self, entries: Iterable[tuple[str, int, bytes]]) -> None:
+        """A rebuild's history entries (run id, version, the event's own bytes; each run's in
+        version order, without a gap), in one write: each run's as one value under the first
+        one's version, so that a write costs a key per run rather than per event (issue 16)."""
+        runs: dict[str, tuple[int, list[bytes]]] = {}
+        for run_id, version, value in entries:
+            held = runs.get(run_id)
+            if held is None:
+                runs[run_id] = (version, [value])
+            else:
+                held[1].append(value)
+        self._store.write(
+            {_history_key(run_id, first): _packed(values) for run_id, (first, values) in runs.items()}
+        )
+
+    def write_rebuilt(self, runs: Iterable[RebuiltRun], offsets: Mapping[int, int]) -> None:
+        """A rebuild's last write: every run's fold (or the seeded mark), brief, index and held
+        entries, the offsets the rebuild read up to, and the layout, in one write."""
+        puts: dict[str, bytes] = {}
+        for run in runs:
+            state = run.state
+            puts[_index_key(_ALL, state)] = puts[_index_key(state.status.value, state)] = b""
+            puts[f"brief/{state.run_id}"] = encode_view(brief_from(state, run.stop, run.leases))
+            puts[f"fold/{state.run_id}"] = encode_fold(run.fold) if run.fold is not None else SEEDED_FOLD
+            held = _held_key(state, run.leases)
+            if held is not None:
+                puts[held] = run.claimed_by.encode()
+        for partition, offset in offsets.items():
+            puts[_offset_key(partition)] = str(offset).encode()
+        puts[_LAYOUT_KEY] = _LAYOUT
+        self._store.write(puts)
+        self._layout_current = True
 
     def _recent_fold(self, run_id: str) -> RunFold | None:
         """The fold this store last wrote for the run, if the store still holds exactly that."""

@@ -57,6 +57,7 @@ __all__ = [
     "RunView",
     "apply_event",
     "apply_run_event",
+    "brief_from",
     "brief_of",
     "decode_fold",
     "decode_view",
@@ -65,7 +66,9 @@ __all__ = [
     "fold_run",
     "history_entry",
     "render_run",
+    "step_fold",
     "step_run",
+    "stop_after",
 ]
 
 _HEADER_FIELDS = {"eventId", "runId", "version", "occurredAt", "causationId", "correlationId", "actor"}
@@ -152,6 +155,13 @@ def step_run(fold: RunFold | None, event: RunEvent) -> tuple[RunFold, dict[str, 
     """The fold after `event` with its history as it was, and the event's history entry; None
     for a duplicate. The view store keeps the entries apart from the fold (store.py), so that
     an event costs its own entry, not a re-rendering of the run's whole history."""
+    after = step_fold(fold, event)
+    return (after, history_entry(event)) if after is not None else None
+
+
+def step_fold(fold: RunFold | None, event: RunEvent) -> RunFold | None:
+    """The fold after `event` with its history as it was (None for a duplicate): `step_run`
+    without the history entry, for a store that keeps the event's own bytes as its entry."""
     current = fold.state.version if fold is not None else 0
     if sequence(event.run_id, current, event.version) is Sequencing.DUPLICATE:
         return None
@@ -161,20 +171,19 @@ def step_run(fold: RunFold | None, event: RunEvent) -> tuple[RunFold, dict[str, 
                 f"{type(event).__name__} {event.event_id} arrived before run {event.run_id} exists"
             )
         labels = tuple(sorted(event.labels.items()))
-        return RunFold(state=evolve(None, event), history=(), labels=labels), history_entry(event)
+        return RunFold(state=evolve(None, event), history=(), labels=labels)
     before = fold.state
     after = evolve(before, event)
-    stepped = replace(
+    return replace(
         fold,
         state=after,
         status_reason=_status_reason(event, before, after, fold.status_reason),
         leases=_marked(fold.leases, event, before.lease, after.lease),
-        stop=_stop(event, fold.stop),
+        stop=stop_after(event, fold.stop),
     )
-    return stepped, history_entry(event)
 
 
-def _stop(event: RunEvent, current: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+def stop_after(event: RunEvent, current: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     """The last stop asked for after `event`."""
     if isinstance(event, RunCancelRequested) or (isinstance(event, DeadlineReached) and event.stop_requested):
         return {
@@ -573,12 +582,21 @@ def decode_fold(raw: bytes, history: Iterable[dict[str, Any]]) -> RunFold:
 def brief_of(fold: RunFold) -> dict[str, Any]:
     """The few fields of the view that hot paths read (a heartbeat's holder check and its stop
     flags), from the fold alone: no history is read to answer them."""
+    return brief_from(fold.state, fold.stop, fold.leases)
+
+
+def brief_from(
+    state: RunState, stop: Mapping[str, Any] | None, leases: Iterable[LeaseMark]
+) -> dict[str, Any]:
+    """`brief_of` from its parts: the state, the last stop asked for and the leases issued (only
+    their attempt, lease id and principal are read), for a store that has no whole fold."""
+    leases = tuple(leases)
     return {
-        "runId": fold.state.run_id,
-        "status": fold.state.status.value,
-        "version": fold.state.version,
-        "stop": dict(fold.stop) if fold.stop is not None else None,
+        "runId": state.run_id,
+        "status": state.status.value,
+        "version": state.version,
+        "stop": dict(stop) if stop is not None else None,
         # attempt id -> the principal who may speak for it (current and earlier leases)
-        "holders": {m.attempt_id: m.holder_principal for m in fold.leases},
-        "leaseIds": {m.attempt_id: m.lease_id for m in fold.leases},
+        "holders": {m.attempt_id: m.holder_principal for m in leases},
+        "leaseIds": {m.attempt_id: m.lease_id for m in leases},
     }

@@ -58,6 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     topic_tools.add_parsers(sub)
 
     rebuild = sub.add_parser("rebuild", help="rebuild the Run views from offset 0 (projections stopped)")
+    rebuild.add_argument(
+        "--fold-every-event",
+        action="store_true",
+        help="decode and fold every event of runs.events instead of seeding the runs' states from "
+        "the state changelog (runs.states); slower, the same views",
+    )
     rebuild.set_defaults(func=supervisor.rebuild)
 
     resources.add_parsers(sub)

@@ -123,7 +123,7 @@ def _in_use(path: Path) -> StoreInUse:
     )
 
 
-def rebuild(_: argparse.Namespace) -> int:
+def rebuild(args: argparse.Namespace) -> int:
     settings = TenureSettings()
     path = views_path(settings.state_dir)
     if store_in_use(path):
@@ -134,9 +134,32 @@ def rebuild(_: argparse.Namespace) -> int:
         if store_in_use(path):  # a projector started between the probe and the open
             raise _in_use(path) from None
         raise
-    report = rebuild_views(settings.bootstrap_servers(), RunViewStore(store, MessageCodec()))
-    print(f"rebuilt {report.runs} run views from {report.events} events in {report.seconds:.2f}s")
+    seeded = not getattr(args, "fold_every_event", False)
+    progress = _RebuildProgress()
+    report = rebuild_views(
+        settings.bootstrap_servers(), RunViewStore(store, MessageCodec()), progress, seeded=seeded
+    )
+    how = (
+        f"; {report.seeded} seeded from {report.changelog_records} state changelog records, "
+        f"{report.runs - report.seeded} folded"
+        if seeded
+        else "; every event folded"
+    )
+    print(f"rebuilt {report.runs} run views from {report.events} records in {report.seconds:.2f}s{how}")
     return 0
+
+
+class _RebuildProgress:
+    """Long work shows progress: a line on stderr at most every 2 s while records are read."""
+
+    def __init__(self) -> None:
+        self._said_at = time.monotonic()
+
+    def __call__(self, read: int, total: int) -> None:
+        if time.monotonic() - self._said_at >= 2.0:
+            self._said_at = time.monotonic()
+            share = f" ({100 * read / total:.0f}%)" if total else ""
+            print(f"read {read:,} of {total:,} records{share}", file=sys.stderr, flush=True)
 
 
 class _Child:

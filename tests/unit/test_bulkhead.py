@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from functools import partial
 
 import pytest
 
@@ -33,10 +34,8 @@ async def _hold(gate: asyncio.Event, started: list[int] | None = None, tag: int 
 def test_a_full_pool_refuses_at_once_and_its_queue_is_bounded_brk_4() -> None:
     async def scenario() -> None:
         pool = Pool("external", Domain.EXTERNAL, Limits(concurrency=2, queue=2, timeout_ms=5_000))
-        gate, started = asyncio.Event(), []
-        calls = [
-            asyncio.create_task(pool.run("search", lambda i=i: _hold(gate, started, i))) for i in range(4)
-        ]
+        gate, started = asyncio.Event(), list[int]()
+        calls = [asyncio.create_task(pool.run("search", partial(_hold, gate, started, i))) for i in range(4)]
         await asyncio.sleep(0.01)
         assert (pool.active, pool.queued, started) == (2, 2, [0, 1])
         began = time.perf_counter()
@@ -68,18 +67,50 @@ def test_a_pool_without_a_queue_refuses_as_soon_as_its_slots_are_taken() -> None
     asyncio.run(scenario())
 
 
+_NOT_BY_THE_POOL_S = 10  # an outer bound far past the pool's 50 ms: a regression fails, not hangs
+
+
 def test_a_call_over_its_timeout_is_cancelled_and_a_wait_over_it_is_refused() -> None:
+    """Each half on one timer of its own, so no two timers race (a hung `run` as the slot's holder
+    would time out, and hand its slot over, on the same 50 ms as its waiter): a call that hangs past
+    the pool's timeout is cancelled; a call that waits past it for a slot held through `slot()`
+    (which the pool does not time out) is refused, without running, once it has waited that long."""
+
     async def scenario() -> None:
         pool = Pool("internal", Domain.INTERNAL, Limits(concurrency=1, queue=1, timeout_ms=50))
+        loop = asyncio.get_running_loop()
         never = asyncio.Event()
-        hung = asyncio.create_task(pool.run("vector.search", lambda: _hold(never)))
-        await asyncio.sleep(0)
-        with pytest.raises(BulkheadFull, match="no slot within 50 ms"):
-            await pool.run("vector.search", lambda: _hold(never))
-        with pytest.raises(ToolTimedOut):
-            await hung
+        cancelled: list[str] = []
+
+        async def hang() -> int:
+            try:
+                await never.wait()
+            except asyncio.CancelledError:
+                cancelled.append("vector.search")
+                raise
+            return 0
+
+        began = loop.time()
+        with pytest.raises(ToolTimedOut, match="longer than 50 ms"):
+            async with asyncio.timeout(_NOT_BY_THE_POOL_S):
+                await pool.run("vector.search", hang)
+        assert loop.time() - began >= 0.049, "timed out after its timeout, not before"
+        assert cancelled == ["vector.search"], "the call over its timeout was cancelled"
         assert (pool.active, pool.queued, pool.timed_out) == (0, 0, 1), "the slot came back"
+
+        started: list[int] = []
+        async with pool.slot("vector.search"):
+            began = loop.time()
+            with pytest.raises(BulkheadFull, match="no slot within 50 ms") as refused:
+                async with asyncio.timeout(_NOT_BY_THE_POOL_S):
+                    await pool.run("vector.search", lambda: _hold(never, started, 1))
+            assert loop.time() - began >= 0.049, "refused after waiting its timeout, not at once"
+            assert refused.value.code == BULKHEAD_FULL
+            assert started == [], "the refused call never ran"
+            assert (pool.active, pool.queued, pool.refused) == (1, 0, 1), "it left the queue, the slot held"
+        assert (pool.active, pool.queued) == (0, 0)
         assert await pool.run("vector.search", lambda: asyncio.sleep(0, result=7)) == 7
+        assert (pool.timed_out, pool.refused, pool.completed) == (1, 1, 3)
 
     asyncio.run(scenario())
 

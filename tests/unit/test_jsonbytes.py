@@ -115,3 +115,18 @@ def test_a_dataclass_is_written_as_its_fields_in_order_by_either_encoder() -> No
     assert list(json.loads(fast)) == list(document) and json.loads(fast) == document
     beyond = dataclasses.replace(state, huge=2**70)
     assert jsonbytes.loads(jsonbytes.dumps(beyond)) == {**document, "huge": 2**70}
+
+
+@given(st.lists(st.sampled_from([b"1", b"23", b"0" * 13, b"9" * 18, b"9" * 19, b'"', b",", b"a", b"-"])))
+def test_a_long_digit_run_in_bytes_is_found_wherever_it_is(parts: list[bytes]) -> None:
+    """The bytes scan (digits turned to NUL) finds exactly what the pattern over text finds."""
+    raw = b"".join(parts)
+    found = jsonbytes._NINETEEN_DIGITS in raw.translate(jsonbytes._DIGITS_AS_NUL)
+    assert found == (jsonbytes._LONG_DIGITS_TEXT.search(raw.decode()) is not None)
+    numbers = [
+        int(run)
+        for run in raw.decode().replace('"', ",").replace("a", ",").replace("-", ",").split(",")
+        if run
+    ]
+    document = json.dumps(numbers).encode()  # the runs as integers: beyond 64 bits they keep their value
+    assert jsonbytes.loads(document) == numbers

@@ -25,11 +25,11 @@ again, so the next restore can.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from services.common.eventlog import EventLog
-from services.common.kafka import OutboundRecord
+from services.common.kafka import InboundRecord, OutboundRecord
 
 __all__ = [
     "CHECKPOINT_KEY",
@@ -37,11 +37,14 @@ __all__ = [
     "FORMAT_HEADER",
     "KEEPALIVE_KEY",
     "ChangelogSeed",
+    "PartitionLog",
+    "RawRecord",
     "checkpoint_record",
     "complete_record",
     "keepalive_record",
     "read_seed",
     "reseed_records",
+    "seed_of",
     "state_record",
     "unit_records",
 ]
@@ -99,16 +102,30 @@ class ChangelogSeed:
         return self.records == 0
 
 
-def read_seed(log: EventLog, topic: str, partition: int, state_format: str) -> ChangelogSeed:
+class PartitionLog(Protocol):
+    """What reading a changelog needs of a log (an EventLog, or a bare PartitionReader)."""
+
+    def read(self, topic: str, partition: int, start_offset: int) -> Iterator[InboundRecord]: ...
+
+
+def read_seed(log: PartitionLog, topic: str, partition: int, state_format: str) -> ChangelogSeed:
     """Read a changelog partition to its end, keeping the last value of each key undecoded."""
+    return seed_of(((r.key, r.value, r.headers) for r in log.read(topic, partition, 0)), state_format)
+
+
+RawRecord = tuple[bytes | None, bytes | None, Iterable[tuple[str, bytes | None]] | None]
+
+
+def seed_of(records: Iterable[RawRecord], state_format: str) -> ChangelogSeed:
+    """What a changelog partition's records (key, value, headers), read in order, seed."""
     seed = ChangelogSeed()
     latest: dict[bytes, tuple[bytes, bytes | None]] = {}
-    records = 0
-    for record in log.read(topic, partition, 0):
-        records += 1
-        if record.key is not None:
-            latest[record.key] = (record.value, _format_of(record.headers))
-    seed.records = records
+    count = 0
+    for key, value, headers in records:
+        count += 1
+        if key is not None and value is not None:
+            latest[key] = (value, _format_of(headers or ()))
+    seed.records = count
     wanted = state_format.encode()
     # The keepalive mark is an offset of another topic, whatever the states' format: a changelog
     # written again after a format change (which writes no mark) is not distrusted for it.
@@ -126,7 +143,7 @@ def read_seed(log: EventLog, topic: str, partition: int, state_format: str) -> C
     return seed
 
 
-def _format_of(headers: Iterable[tuple[str, bytes]]) -> bytes | None:
+def _format_of(headers: Iterable[tuple[str, bytes | None]]) -> bytes | None:
     for name, value in headers:
         if name == FORMAT_HEADER:
             return value

@@ -27,6 +27,7 @@ from services.common.avro._errors import (
     UndecodableRecord,
     UnknownSchema,
 )
+from services.common.avro._peek import EventPeek, PeekedEvent
 from services.common.avro._registry import (
     CONFLUENT_MAGIC,
     ConfluentRegistryClient,
@@ -45,6 +46,8 @@ __all__ = [
     "ConfluentWire",
     "DecodeFailure",
     "Decoded",
+    "EventPeek",
+    "PeekedEvent",
     "SchemaFileError",
     "SchemaRegistry",
     "SchemaRegistryError",
