@@ -9,13 +9,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from services.common.heap import freeze_startup_heap
+from services.common.heap import SERVICE_THRESHOLDS, freeze_startup_heap
 
 
 @pytest.fixture
 def thawed() -> Iterator[None]:
+    thresholds = gc.get_threshold()
     yield
     gc.unfreeze()  # the rest of the test session collects as before
+    gc.set_threshold(*thresholds)
 
 
 class _Node:
@@ -33,3 +35,12 @@ def test_what_exists_is_frozen_and_a_later_cycle_is_still_collected(thawed: None
     gc.collect()
     assert gone() is None
     assert gc.get_freeze_count() == frozen, "a collection leaves the frozen generation alone"
+
+
+def test_a_service_collects_its_young_generation_less_often_and_still_collects_it(thawed: None) -> None:
+    freeze_startup_heap()
+    assert gc.get_threshold() == SERVICE_THRESHOLDS
+    before = gc.get_stats()[0]["collections"]
+    nodes = [_Node() for _ in range(SERVICE_THRESHOLDS[0] + 1000)]  # more than the young threshold
+    assert gc.get_stats()[0]["collections"] > before, "the young generation is still collected"
+    del nodes
