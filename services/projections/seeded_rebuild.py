@@ -13,8 +13,9 @@ without decoding most of it:
    rebuild began. Its run id and version are read from its first bytes (`EventPeek`), and the
    record's own bytes are stored as the run's history entry, decoded when a view is read. The
    versions are checked as the fold checks them: a repeat is dropped, a gap stops the rebuild.
-   Only the few events that name who holds a lease or what stop was asked for (the submission,
-   grants, cancel and deadline requests, retries) are decoded, for the brief and the held index.
+   Only the few events that name who holds a lease or what stop was asked for (grants, cancel
+   and deadline requests, retries) are decoded, for the brief and the held index; each run's
+   last event is decoded once too, so that a seeded run never ends on an undecodable one.
 3. **The runs.** A run whose changelog state is at its last event's version, with no event at or
    after its partition's checkpoint, is *seeded*: its brief, status index and held entry come
    from that state and the decoded events, and its fold is left to be folded from its history
@@ -81,6 +82,7 @@ class _Run:
     partition: int
     version: int = 0
     last_offset: int = -1  # of its last event: at or past the changelog's checkpoint, it is folded
+    last_value: bytes = b""  # its last event's bytes: decoded once, so a seeded run's last event is sound
     stop: Mapping[str, Any] | None = None
     leases: list[LeaseMark] = field(default_factory=list)
     claimed_by: str = ""
@@ -127,13 +129,16 @@ def rebuild_seeded(
             # The changelog is read on a thread of its own while the log is read here: both are
             # mostly waiting for fetches, and its seeds are only needed once the log is read.
             seeding = _SeedReader(bootstrap_servers, targets)
+            views.begin_rebuild()
             scan = _LogScan(codec, targets)
+            progressed_at = time.monotonic()
             while not scan.finished():
                 values = follower.poll_values(_POLL, _POLL_WAIT_S)
                 if values:
                     scan.take(values)
-                elif time.monotonic() - started > timeout_s:
-                    raise TimeoutError("rebuild made no progress")
+                    progressed_at = time.monotonic()
+                elif time.monotonic() - progressed_at > timeout_s:
+                    raise TimeoutError(f"the rebuild read nothing for {timeout_s:.0f}s")
                 else:  # transaction markers occupy offsets but are never delivered
                     scan.passed(follower.positions(RUNS_EVENTS.name))
                 if len(scan.entries) >= _ENTRIES_PER_WRITE:
@@ -143,7 +148,7 @@ def rebuild_seeded(
                     progress(scan.seen, sum(targets.values()))
             views.write_entries(scan.entries)
         seeds = seeding.result(timeout_s)
-        rebuilt, decoded = _rebuilt_runs(views, scan.runs, seeds)
+        rebuilt, decoded = _rebuilt_runs(views, scan.runs, seeds, codec)
         views.write_rebuilt(rebuilt, {p: scan.done.get(p, 0) for p in targets})
     seeded = sum(1 for run in rebuilt if run.fold is None)
     log.info(
@@ -204,11 +209,15 @@ class _LogScan:
 
     def take(self, values: list[tuple[int, int, bytes | None]]) -> None:
         targets, done, runs, peek, entries = self._targets, self.done, self.runs, self._peek, self.entries
-        self.seen += len(values)
         for partition, offset, value in values:
-            if offset >= targets.get(partition, 0):
-                continue  # written after the rebuild began: left to the follower, from here
+            target = targets.get(partition, 0)
+            if offset >= target:
+                # Written after the rebuild began: left to the follower, from the target on. The
+                # partition is read up to there (what lies between is a transaction marker).
+                done[partition] = max(done.get(partition, 0), target)
+                continue
             done[partition] = offset + 1
+            self.seen += 1
             if value is None:
                 continue
             peeked = peek(value)
@@ -227,7 +236,7 @@ class _LogScan:
                 run = runs[run_id] = _Run(partition)
             if sequence(run_id, run.version, version) is Sequencing.DUPLICATE:
                 continue
-            run.version, run.last_offset = version, offset
+            run.version, run.last_offset, run.last_value = version, offset, value
             if event is not None:
                 run.note(event)
             entries.append((run_id, version, value))
@@ -267,6 +276,7 @@ class _SeedReader:
             # Decoded here too: this thread is done with the changelog long before the log is
             # read, and the reading thread waits for fetches often enough to let it run.
             self._seeds = Seeds.of(seeds)
+            seeds.clear()
         except Exception as exc:  # reported by result(), which then seeds nothing
             self._failure = exc
 
@@ -283,32 +293,41 @@ class _SeedReader:
 
 @dataclass(frozen=True)
 class Seeds:
-    """Every partition's changelog seed, its trusted states decoded, and where each says the
-    changelog stops covering its partition."""
+    """What the changelog seeds: the decoded state of each run of a trusted partition, each
+    partition's checkpoint (None: not trusted), and how many records were read. The encoded
+    states are not kept: a rebuild holds one decoded state per run, not two copies."""
 
-    by_partition: Mapping[int, ChangelogSeed]
     states: Mapping[str, RunState]
+    checkpoints: Mapping[int, int | None]
+    records: int = 0
 
     @classmethod
     def of(cls, by_partition: Mapping[int, ChangelogSeed]) -> Seeds:
-        usable = (seed for seed in by_partition.values() if seed.usable)
+        usable = [seed for seed in by_partition.values() if seed.usable]
         states = {run_id: decode_state(raw) for seed in usable for run_id, raw in seed.states.items()}
-        return cls(by_partition, states)
-
-    @property
-    def records(self) -> int:
-        return sum(seed.records for seed in self.by_partition.values())
+        checkpoints = {p: seed.checkpoint if seed.usable else None for p, seed in by_partition.items()}
+        return cls(states, checkpoints, sum(seed.records for seed in by_partition.values()))
 
     def state_of(self, run_id: str, run: _Run) -> RunState | None:
         """The run's changelog state, if the changelog covers every event the run has."""
-        seed = self.by_partition.get(run.partition)
-        if seed is None or not seed.usable or run.last_offset >= seed.checkpoint:
+        checkpoint = self.checkpoints.get(run.partition)
+        if checkpoint is None or run.last_offset >= checkpoint:
             return None
         return self.states.get(run_id)
 
 
+def _decodes(codec: MessageCodec, value: bytes) -> bool:
+    """Whether a peeked event also decodes: the fold would read past one that does not (a
+    version lower), so a run whose last event does not is folded, not seeded."""
+    try:
+        codec.decode(value)
+    except UndecodableRecord:
+        return False
+    return True
+
+
 def _rebuilt_runs(
-    views: RunViewStore, runs: Mapping[str, _Run], seeds: Seeds
+    views: RunViewStore, runs: Mapping[str, _Run], seeds: Seeds, codec: MessageCodec
 ) -> tuple[list[RebuiltRun], int]:
     """Each run seeded from its changelog state when that state is at its last version, else
     folded from its history; and how many events the folding decoded."""
@@ -316,7 +335,7 @@ def _rebuilt_runs(
     decoded = 0
     for run_id, run in runs.items():
         state = seeds.state_of(run_id, run)
-        if state is not None and state.version == run.version:
+        if state is not None and state.version == run.version and _decodes(codec, run.last_value):
             rebuilt.append(RebuiltRun(None, state, run.stop, tuple(run.leases), run.claimed_by))
             continue
         fold = views.refold(run_id, with_history=False)

@@ -296,6 +296,7 @@ def _refold(
         total = sum(targets.values())
         seen = 0
         done: dict[int, int] = {}
+        progressed_at = time.monotonic()
         while any(done.get(p, 0) < end for p, end in targets.items()):
             records = follower.poll(max_records=_REBUILD_POLL, timeout_s=0.2)
             # What is already fetched joins one fold, up to a large chunk: each run's view is
@@ -310,10 +311,11 @@ def _refold(
                 for r in records:
                     done[r.partition] = r.offset + 1
                 seen += len(records)
+                progressed_at = time.monotonic()
                 if progress is not None:
                     progress(seen, total)
-            elif time.monotonic() - started > 600:
-                raise TimeoutError("rebuild made no progress")
+            elif time.monotonic() - progressed_at > 600:
+                raise TimeoutError("the rebuild read nothing for 600s")
             else:
                 # Transaction markers occupy offsets but are never delivered: ask where we are.
                 _advance_past_markers(follower, topic, targets, done)

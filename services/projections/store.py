@@ -64,6 +64,9 @@ _LAYOUT = b"5"
 # The folds this store wrote last are kept decoded, so that a run's next event does not decode
 # its fold again (a heartbeat is the common case). A fold holds no history: a few hundred bytes.
 _RECENT_FOLDS = 50_000
+# The layout key while a rebuild writes (store.begin_rebuild), and the runs per rebuild write.
+_REBUILDING = b"rebuilding"
+_REBUILT_PER_WRITE = 10_000
 # The fold/ value of a run a seeded rebuild did not fold (seeded_rebuild.py): its brief, index
 # and held entries are written, and its fold is folded again from its history when it is needed.
 SEEDED_FOLD = b"seeded"
@@ -71,6 +74,10 @@ SEEDED_FOLD = b"seeded"
 
 class BadCursor(ValueError):
     pass
+
+
+class _FoldWritten(Exception):
+    """A run read as seeded has a fold stored since (the follower folded its next event)."""
 
 
 @dataclass(frozen=True)
@@ -184,7 +191,14 @@ class RunViewStore:
     def _with_history(self, run_id: str, raw: bytes) -> RunFold:
         """The stored fold `raw` of the run, with the history entries read back."""
         if raw == SEEDED_FOLD:
-            return self.refold(run_id)
+            try:
+                return self.refold(run_id)
+            except _FoldWritten:
+                # The follower folded the run's next event between our two reads: its fold
+                # is stored now, beside the entry it wrote with it.
+                raw = self._store.get(f"fold/{run_id}") or SEEDED_FOLD
+                if raw == SEEDED_FOLD:
+                    raise
         entries = self._store.scan(_history_prefix(run_id))
         return decode_fold(raw, (entry for _, stored in entries for entry in self._entries_of(stored)))
 
@@ -199,7 +213,10 @@ class RunViewStore:
 
     def _events_of(self, stored: bytes) -> Iterator[Any]:
         for value in _unpacked(stored):
-            yield self._codec.decode(value)
+            try:
+                yield self._codec.decode(value)
+            except UndecodableRecord:
+                continue  # as the fold does: read past (a rebuild stored it without decoding it)
 
     def _stored_fold(self, run_id: str) -> RunFold | None:
         """What the next event of the run is applied to: the fold without its history."""
@@ -214,6 +231,8 @@ class RunViewStore:
         fold: RunFold | None = None
         entries: list[dict[str, Any]] = []
         for _, stored in self._store.scan(_history_prefix(run_id)):
+            if stored[:1] == b"{":
+                raise _FoldWritten(run_id)  # only the follower writes JSON, with the run's fold
             for event in self._events_of(stored):
                 after = step_fold(fold, event)
                 if after is not None:
@@ -232,13 +251,15 @@ class RunViewStore:
         return {int(k[len(prefix) :]): int(v) for k, v in self._store.scan(prefix)}
 
     def _outdated(self) -> bool:
-        """Whether the store holds views that no stored fold can continue (an older layout)."""
+        """Whether the store holds views that no stored fold can continue: an older layout, or a
+        rebuild cut short (`begin_rebuild` without its `write_rebuilt`)."""
         if self._layout_current:
             return False
-        if self._store.get(_LAYOUT_KEY) == _LAYOUT:
+        layout = self._store.get(_LAYOUT_KEY)
+        if layout == _LAYOUT:
             self._layout_current = True
             return False
-        return next(self._store.scan("view/"), None) is not None
+        return layout is not None or next(self._store.scan("view/"), None) is not None
 
     def _outdated_keys(self) -> list[str]:
         prefixes = ("view/", "hist/", "brief/", "fold/", "idx/", "held/", f"offset/{RUNS_EVENTS.name}/")
@@ -346,6 +367,14 @@ class RunViewStore:
             self._remember(run_id, kept)
         return applied
 
+    def begin_rebuild(self) -> None:
+        """Mark the store as being rebuilt, until `write_rebuilt` finishes: a rebuild cut short
+        leaves history without folds, which the follower must not continue, so the store then
+        reads as outdated and the follower's first batch replaces everything, from offset 0."""
+        self._store.write({_LAYOUT_KEY: _REBUILDING})
+        self._layout_current = False
+        self._recent.clear()
+
     def write_entries(self, entries: Iterable[tuple[str, int, bytes]]) -> None:
         """A rebuild's history entries (run id, version, the event's own bytes; each run's in
         version order, without a gap), in one write: each run's as one value under the first
@@ -362,10 +391,14 @@ class RunViewStore:
         )
 
     def write_rebuilt(self, runs: Iterable[RebuiltRun], offsets: Mapping[int, int]) -> None:
-        """A rebuild's last write: every run's fold (or the seeded mark), brief, index and held
-        entries, the offsets the rebuild read up to, and the layout, in one write."""
+        """A rebuild's last writes: every run's fold (or the seeded mark), brief, index and held
+        entries, in writes of a bounded number of runs, then the offsets the rebuild read up to
+        and the layout, which end the rebuild (`begin_rebuild`)."""
         puts: dict[str, bytes] = {}
-        for run in runs:
+        for count, run in enumerate(runs, start=1):
+            if count % _REBUILT_PER_WRITE == 0:
+                self._store.write(puts)
+                puts = {}
             state = run.state
             puts[_index_key(_ALL, state)] = puts[_index_key(state.status.value, state)] = b""
             puts[f"brief/{state.run_id}"] = encode_view(brief_from(state, run.stop, run.leases))

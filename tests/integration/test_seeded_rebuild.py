@@ -31,6 +31,7 @@ from services.common.store import MemoryStore
 from services.common.topics import RUNS_EVENTS, RUNS_STATES
 from services.lease_coordinator.domain import RunState, evolve
 from services.lease_coordinator.state_codec import STATE_FORMAT, encode_state
+from services.projections import seeded_rebuild
 from services.projections.service import rebuild
 from services.projections.store import SEEDED_FOLD, RunViewStore
 from tests.unit.run_walks import ACTIONS, ADVANCES, RunWalk
@@ -140,7 +141,12 @@ def _follow(bootstrap: str, views: RunViewStore) -> int:
         follower.close()
 
 
-def test_a_seeded_rebuild_shows_what_folding_every_event_shows_and_follows_on_DUR_1(bootstrap: str) -> None:
+def test_a_seeded_rebuild_shows_what_folding_every_event_shows_and_follows_on_DUR_1(
+    bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Small polls and writes, so that a run's history is stored as several packed values.
+    monkeypatch.setattr(seeded_rebuild, "_POLL", 50)
+    monkeypatch.setattr(seeded_rebuild, "_ENTRIES_PER_WRITE", 40)
     rng = random.Random(16)
     walks = _walks(80, 30, rng, "seeded")
     coordinator = _Coordinator(bootstrap)
@@ -161,6 +167,9 @@ def test_a_seeded_rebuild_shows_what_folding_every_event_shows_and_follows_on_DU
         assert len(seeded_runs) == report.seeded
         stores = {id(folded): folded_store, id(seeded): seeded_store}
         _assert_same_views(folded, seeded, stores)
+        assert any(True for _ in seeded_store.scan("held/")), "some leases are held: compared"
+        packed = [k for k, v in seeded_store.scan("hist/") if v.startswith(b"\xff")]
+        assert len({k.rsplit("/", 1)[0] for k in packed}) < len(packed), "runs of several packed values"
 
         # More events of every kind arrive, for seeded runs among others; both stores follow them.
         written = {w.key: len(w.events) for w in walks}

@@ -14,13 +14,14 @@ from hypothesis import strategies as st
 
 from services.common.aggregate.changelog import ChangelogSeed
 from services.common.contracts import EVENT_TYPES, RunEvent, full_name_of
+from services.common.kafka import InboundRecord
 from services.common.messages import MessageCodec
 from services.common.sequencing import VersionGap
 from services.common.store import MemoryStore
 from services.common.topics import RUNS_EVENTS
 from services.lease_coordinator.state_codec import encode_state
 from services.projections.seeded_rebuild import Seeds, _LogScan, _rebuilt_runs
-from services.projections.store import RunViewStore
+from services.projections.store import SEEDED_FOLD, RunViewStore
 from services.projections.views import fold_run
 
 from .run_walks import steps, walk
@@ -126,7 +127,7 @@ def test_a_run_is_seeded_only_from_a_trusted_state_at_its_last_version_before_th
     older = encode_state(fold_run(events[:-1]).state)  # type: ignore[union-attr]
 
     def chosen(seeds: Seeds) -> str:
-        rebuilt, _ = _rebuilt_runs(views, scan.runs, seeds)
+        rebuilt, _ = _rebuilt_runs(views, scan.runs, seeds, _CODEC)
         assert [r.state for r in rebuilt] == [fold_run(events).state]  # type: ignore[union-attr]
         return "seeded" if rebuilt[0].fold is None else "folded"
 
@@ -135,3 +136,73 @@ def test_a_run_is_seeded_only_from_a_trusted_state_at_its_last_version_before_th
     assert chosen(_seed(True, len(events) - 1, {run_id: last})) == "folded"  # its last event is past it
     assert chosen(_seed(True, len(events), {run_id: older})) == "folded"  # a state behind the log
     assert chosen(_seed(True, len(events), {})) == "folded"  # no state at all
+
+
+def test_records_past_the_target_end_the_partition_there_though_a_marker_was_never_delivered() -> None:
+    events = walk([("claim", 0, 0), ("renew", 1, 1000)]).events
+    scan = _LogScan(_CODEC, {0: 4})
+    # Offsets 0-2 are the events, 3 their transaction's commit marker (never delivered), and 4
+    # a record written after the rebuild began: it ends the partition at the target, 4.
+    scan.take([*_values(events), (0, 4, _encoded(events[0]))])
+    assert scan.done == {0: 4} and scan.finished()
+    assert scan.seen == len(events)
+
+
+def _fold_of(events: list[RunEvent]) -> RunViewStore:
+    views = RunViewStore(MemoryStore(), _CODEC)
+    views.apply(records_of(events))
+    return views
+
+
+def records_of(events: list[RunEvent]) -> list[InboundRecord]:
+    return [
+        InboundRecord(RUNS_EVENTS.name, 0, offset, e.run_id.encode(), _encoded(e), ())
+        for offset, e in enumerate(events)
+    ]
+
+
+def test_a_rebuild_cut_short_is_refolded_by_the_follower_from_offset_0() -> None:
+    events = walk([("claim", 0, 0), ("renew", 1, 1000), ("takeover", 2, 1000), ("renew", 2, 1000)]).events
+    store = MemoryStore()
+    views = RunViewStore(store, _CODEC)
+    views.begin_rebuild()
+    assert len(events) >= 5
+    views.write_entries([(e.run_id, e.version, _encoded(e)) for e in events[3:]])  # then it died
+    reopened = RunViewStore(store, _CODEC)
+    assert reopened.offsets() == {}, "the follower starts over"
+    reopened.apply(records_of(events[:3]))  # the follower's first batch replaces everything
+    assert [k for k, _ in store.scan("hist/")] == [f"hist/{events[0].run_id}/{v:019d}" for v in (1, 2, 3)]
+    reopened.apply(records_of(events)[3:])
+    run_id = events[0].run_id
+    assert reopened.fold(run_id) == _fold_of(events).fold(run_id)
+
+
+def test_a_read_that_meets_the_followers_fold_after_the_seeded_mark_shows_the_stored_fold() -> None:
+    events = walk([("claim", 0, 0), ("renew", 1, 1000), ("renew", 1, 1000)]).events
+    run_id = events[0].run_id
+    views, scan = _scanned(events[:-1])
+    state = encode_state(fold_run(events[:-1]).state)  # type: ignore[union-attr]
+    rebuilt, _ = _rebuilt_runs(views, scan.runs, _seed(True, 99, {run_id: state}), _CODEC)
+    views.write_rebuilt(rebuilt, {0: len(events) - 1})
+    assert views._store.get(f"fold/{run_id}") == SEEDED_FOLD
+    views.apply(records_of(events)[-1:])  # the follower folds the next event: JSON fold and entry
+    # A reader that read the seeded mark just before that write then scans the entries:
+    assert views._with_history(run_id, SEEDED_FOLD) == _fold_of(events).fold(run_id)
+
+
+def test_a_run_whose_last_event_does_not_decode_is_folded_as_the_fold_reads_past_it() -> None:
+    events = walk([("claim", 0, 0), ("renew", 1, 1000), ("renew", 1, 1000)]).events
+    run_id = events[0].run_id
+    values = _values(events)
+    broken = values[-1][2]
+    assert broken is not None
+    values[-1] = (0, values[-1][1], broken[:-1])  # its identity reads, its body does not
+    assert _PEEK(broken[:-1]) is not None
+    views = RunViewStore(MemoryStore(), _CODEC)
+    scan = _LogScan(_CODEC, {0: 1_000})
+    scan.take(values)
+    views.write_entries(scan.entries)
+    state = encode_state(fold_run(events).state)  # type: ignore[union-attr]
+    rebuilt, _ = _rebuilt_runs(views, scan.runs, _seed(True, 99, {run_id: state}), _CODEC)
+    assert rebuilt[0].fold is not None, "not seeded"
+    assert rebuilt[0].state == fold_run(events[:-1]).state  # type: ignore[union-attr]

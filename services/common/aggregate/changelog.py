@@ -123,8 +123,8 @@ def seed_of(records: Iterable[RawRecord], state_format: str) -> ChangelogSeed:
     count = 0
     for key, value, headers in records:
         count += 1
-        if key is not None and value is not None:
-            latest[key] = (value, _format_of(headers or ()))
+        if key is not None:  # a tombstone (no value) carries no format: the seed is then not used
+            latest[key] = (value or b"", _format_of(headers or ()))
     seed.records = count
     wanted = state_format.encode()
     # The keepalive mark is an offset of another topic, whatever the states' format: a changelog

@@ -81,7 +81,7 @@ class EventPeek:
             version, _ = _read_long(data, position + length)
         except (IndexError, UnicodeDecodeError, ValueError):
             return None
-        return PeekedEvent(full_name, aggregate_id, version) if version > 0 else None
+        return PeekedEvent(full_name, aggregate_id, version) if 0 < version < 1 << 63 else None
 
 
 def _read_long(data: bytes, position: int) -> tuple[int, int]:
