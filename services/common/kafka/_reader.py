@@ -235,21 +235,10 @@ class TopicFollower:
 
     def poll(self, max_records: int = 500, timeout_s: float = 0.2) -> list[InboundRecord]:
         """Wait up to `timeout_s` for the first record, then take what is already there."""
-        first = self._consumer.poll(timeout_s)
-        messages = [] if first is None else [first]
-        if first is not None and max_records > 1:
-            messages += self._consumer.consume(max_records - 1, 0)
+        messages = self._delivered(max_records, timeout_s)
         if time.monotonic() - self._lags_at >= _LAG_EVERY_S:  # after this poll's records
             self._lags, self._lags_at = self._measure_lags(), time.monotonic()
-        records: list[InboundRecord] = []
-        for msg in messages:
-            error = msg.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    continue
-                raise RuntimeError(f"consuming failed: {error}")
-            records.append(_to_record(msg))
-        return records
+        return [_to_record(msg) for msg in messages]
 
     def poll_values(
         self, max_records: int = 10_000, timeout_s: float = 0.2
@@ -257,22 +246,25 @@ class TopicFollower:
         """`poll` for a reader that needs only (partition, offset, value): no record objects, no
         headers, no lag probe. A projection rebuild reads a whole log this way (issue 16), where
         building an InboundRecord cost more than librdkafka's whole consume."""
+        return [(m.partition(), m.offset(), m.value()) for m in self._delivered(max_records, timeout_s)]
+
+    def _delivered(self, max_records: int, timeout_s: float) -> list[Any]:
+        """The messages of one poll (see `poll`), end-of-partition events left out."""
         first = self._consumer.poll(timeout_s)
         if first is None:
             return []
         messages = [first]
         if max_records > 1:
             messages += self._consumer.consume(max_records - 1, 0)
-        values: list[tuple[int, int, bytes | None]] = []
-        append = values.append
+        delivered = []
         for msg in messages:
             error = msg.error()
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
                     continue
                 raise RuntimeError(f"consuming failed: {error}")
-            append((msg.partition(), msg.offset(), msg.value()))  # type: ignore[arg-type]
-        return values
+            delivered.append(msg)
+        return delivered
 
     def end_offsets(self, topic: str) -> dict[int, int]:
         """{partition: offset of the next record to be written} right now."""
