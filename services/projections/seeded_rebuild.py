@@ -1,7 +1,7 @@
 """A Run-view rebuild seeded from the state changelog: the log read once, few events decoded.
 
 A rebuild that decodes and folds every event of runs.events cannot pass the decoding rate
-(~100k events/s here, against ~350k/s for reading the log; issue 16). This one reads the log
+(~80k events/s here, against 150-380k/s for reading the log; issue 16). This one reads the log
 without decoding most of it:
 
 1. **The seeds.** Each partition of the Run's state changelog (runs.states, compacted; written by
