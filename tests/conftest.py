@@ -25,6 +25,25 @@ KAFKA_IMAGE = "apache/kafka:4.1.1"
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "integration: needs a real Kafka broker (kafka_bootstrap)")
     config.addinivalue_line("markers", "e2e: runs several Tenure services against a real broker")
+    _ports_of_this_worker()
+
+
+def _ports_of_this_worker() -> None:
+    """Each pytest-xdist worker picks listen ports (`free_port`) from a slice of the range of
+    its own. A port is free when picked and bound a moment later by the process given it; with
+    both workers picking from one range, the other worker's service could bind it in between,
+    and a test then talked to another test's health server (a CI run failed so: an API's port
+    answered /healthz but not /openapi.json)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or workers < 2:
+        return
+    from services.common import broker
+
+    ports = broker._LISTEN_PORTS
+    span = len(ports) // workers
+    first = ports.start + int(worker.removeprefix("gw")) * span
+    broker._LISTEN_PORTS = range(first, first + span)
 
 
 def _docker_engine_reachable() -> bool:
