@@ -36,7 +36,8 @@ from services.projections.service import rebuild
 from services.projections.store import SEEDED_FOLD, RunViewStore
 from tests.unit.run_walks import ACTIONS, ADVANCES, RunWalk
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+# Serial: it starts a broker of its own, which the parallel phase's timing tests feel.
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(300)]
 
 _CODEC = MessageCodec()
 
