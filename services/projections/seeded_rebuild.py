@@ -28,12 +28,11 @@ every key and every rendered view with the full fold's).
 
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +49,7 @@ from services.common.contracts import (
     full_name_of,
     holder_principal,
 )
+from services.common.heap import no_cycle_collection
 from services.common.kafka import PartitionReader, TopicFollower
 from services.common.messages import MessageCodec, UndecodableRecord
 from services.common.sequencing import Sequencing, sequence
@@ -109,7 +109,6 @@ class SeededRebuild:
     events: int  # records of runs.events read
     runs: int
     seeded: int  # runs left to be folded from their history when needed
-    decoded: int  # events decoded during the rebuild (the folded runs' included)
     changelog_records: int  # records of runs.states read
 
 
@@ -123,8 +122,8 @@ def rebuild_seeded(
     """Rebuild `views` (emptied by the caller) from runs.states and runs.events (module docstring)."""
     started = time.monotonic()
     follower = TopicFollower(bootstrap_servers, [RUNS_EVENTS.name], "beginning", "tenure-rebuild", bulk=True)
-    with _no_cycle_collection():
-        with _closing(follower):
+    with no_cycle_collection():
+        with closing(follower):
             targets = {p: end for p, end in follower.end_offsets(RUNS_EVENTS.name).items() if end > 0}
             # The changelog is read on a thread of its own while the log is read here: both are
             # mostly waiting for fetches, and its seeds are only needed once the log is read.
@@ -148,40 +147,19 @@ def rebuild_seeded(
                     progress(scan.seen, sum(targets.values()))
             views.write_entries(scan.entries)
         seeds = seeding.result(timeout_s)
-        rebuilt, decoded = _rebuilt_runs(views, scan.runs, seeds, codec)
+        rebuilt = _rebuilt_runs(views, scan.runs, seeds, codec)
         views.write_rebuilt(rebuilt, {p: scan.done.get(p, 0) for p in targets})
     seeded = sum(1 for run in rebuilt if run.fold is None)
     log.info(
-        "rebuilt %d run views from %d records in %.1fs: %d seeded from runs.states, %d folded",
+        "rebuilt %d run views from %d records (%d decoded) in %.1fs: %d seeded from runs.states, %d folded",
         len(rebuilt),
         scan.seen,
+        scan.decoded,
         time.monotonic() - started,
         seeded,
         len(rebuilt) - seeded,
     )
-    return SeededRebuild(scan.seen, len(rebuilt), seeded, scan.decoded + decoded, seeds.records)
-
-
-@contextmanager
-def _no_cycle_collection() -> Iterator[None]:
-    """The scan allocates a few small objects per record and keeps many (the entries, the runs),
-    none in a cycle; the collector's passes over everything alive then cost more than the scan
-    itself (~5 us a record in py-spy's samples of a 200,000-record rebuild, issue 16)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-@contextmanager
-def _closing(follower: TopicFollower) -> Iterator[TopicFollower]:
-    try:
-        yield follower
-    finally:
-        follower.close()
+    return SeededRebuild(scan.seen, len(rebuilt), seeded, seeds.records)
 
 
 class _LogScan:
@@ -328,17 +306,15 @@ def _decodes(codec: MessageCodec, value: bytes) -> bool:
 
 def _rebuilt_runs(
     views: RunViewStore, runs: Mapping[str, _Run], seeds: Seeds, codec: MessageCodec
-) -> tuple[list[RebuiltRun], int]:
+) -> list[RebuiltRun]:
     """Each run seeded from its changelog state when that state is at its last version, else
-    folded from its history; and how many events the folding decoded."""
+    folded from its history."""
     rebuilt: list[RebuiltRun] = []
-    decoded = 0
     for run_id, run in runs.items():
         state = seeds.state_of(run_id, run)
         if state is not None and state.version == run.version and _decodes(codec, run.last_value):
             rebuilt.append(RebuiltRun(None, state, run.stop, tuple(run.leases), run.claimed_by))
             continue
         fold = views.refold(run_id, with_history=False)
-        decoded += fold.state.version
         rebuilt.append(RebuiltRun(fold, fold.state, fold.stop, fold.leases, run.claimed_by))
-    return rebuilt, decoded
+    return rebuilt

@@ -37,15 +37,17 @@ from services.common.messages import MessageCodec, UndecodableRecord
 from services.common.store import KeyValueStore
 from services.common.topics import RUNS_EVENTS
 from services.lease_coordinator.domain import RunState
-from services.projections.views import (
-    LeaseMark,
-    RunFold,
+from services.projections.fold_codec import (
     brief_from,
     brief_of,
     decode_fold,
     decode_view,
     encode_fold,
     encode_view,
+)
+from services.projections.views import (
+    LeaseMark,
+    RunFold,
     history_entry,
     render_run,
     step_fold,
@@ -113,10 +115,11 @@ def _held_prefix(principal: str) -> str:
 
 def _held(fold: RunFold | None) -> tuple[str, int] | None:
     """The held/ key of the lease the run's holder holds now, and that lease's epoch; None: none held."""
-    if fold is None:
+    key = _held_key(fold.state, fold.leases) if fold is not None else None
+    if key is None:
         return None
-    key = _held_key(fold.state, fold.leases)
-    return (key, fold.state.lease.epoch) if key is not None and fold.state.lease is not None else None
+    assert fold is not None and fold.state.lease is not None  # a held key is of a held lease
+    return key, fold.state.lease.epoch
 
 
 def _held_key(state: RunState, leases: tuple[LeaseMark, ...]) -> str | None:

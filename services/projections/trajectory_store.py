@@ -17,6 +17,8 @@ from services.common.messages import MessageCodec, UndecodableRecord
 from services.common.store import KeyValueStore
 from services.common.topics import TRAJECTORIES_EVENTS
 from services.projections.batch_fold import FoldedBatch, fold_batch
+from services.projections.fold_codec import decode_view as _decode
+from services.projections.fold_codec import encode_view as _encode
 from services.projections.trajectory_views import (
     TrajectoryFold,
     apply_trajectory_event,
@@ -25,8 +27,6 @@ from services.projections.trajectory_views import (
     open_incident,
     render_trajectory,
 )
-from services.projections.views import decode_view as _decode
-from services.projections.views import encode_view as _encode
 
 __all__ = ["TRAJECTORY_PREFIXES", "TrajectoryViewStore"]
 

@@ -49,7 +49,6 @@ from services.lease_coordinator.domain import (
     evolve,
     superseded_lease,
 )
-from services.lease_coordinator.state_codec import state_from_record
 
 __all__ = [
     "LeaseMark",
@@ -57,12 +56,6 @@ __all__ = [
     "RunView",
     "apply_event",
     "apply_run_event",
-    "brief_from",
-    "brief_of",
-    "decode_fold",
-    "decode_view",
-    "encode_fold",
-    "encode_view",
     "fold_run",
     "history_entry",
     "render_run",
@@ -517,86 +510,3 @@ def apply_event(view: Mapping[str, Any] | None, event: RunEvent) -> RunView | No
         raise TypeError("apply_event continues from a view it returned; a stored view has no fold")
     after = apply_run_event(view.fold if view is not None else None, event)
     return RunView(after) if after is not None else None
-
-
-# --- persistence --------------------------------------------------------------------------------
-
-
-def encode_view(view: dict[str, Any]) -> bytes:
-    return jsonbytes.dumps(view, sort_keys=True)
-
-
-def decode_view(raw: bytes) -> dict[str, Any]:
-    result: dict[str, Any] = jsonbytes.loads(raw)
-    return result
-
-
-def encode_fold(fold: RunFold) -> bytes:
-    """Everything of the fold but its history, which the store keeps as one entry per event."""
-    return jsonbytes.dumps(
-        {
-            "state": fold.state,  # the dataclass, encoded in C as state_record's document
-            "statusReason": fold.status_reason,
-            "labels": dict(fold.labels),
-            "leases": [
-                {
-                    "epoch": m.epoch,
-                    "holderPrincipal": m.holder_principal,
-                    "certainty": m.certainty.value,
-                    "changedAt": m.changed_at,
-                    "endedAt": m.ended_at,
-                    "attemptId": m.attempt_id,
-                    "leaseId": m.lease_id,
-                }
-                for m in fold.leases
-            ],
-            "stop": dict(fold.stop) if fold.stop is not None else None,
-        },
-        sort_keys=True,
-    )
-
-
-def decode_fold(raw: bytes, history: Iterable[dict[str, Any]]) -> RunFold:
-    data = jsonbytes.loads(raw)
-    return RunFold(
-        state=state_from_record(data["state"]),
-        history=tuple(history),
-        status_reason=data["statusReason"],
-        labels=tuple(sorted(data["labels"].items())),
-        leases=tuple(
-            LeaseMark(
-                epoch=int(m["epoch"]),
-                holder_principal=m["holderPrincipal"],
-                certainty=LeaseCertainty(m["certainty"]),
-                changed_at=int(m["changedAt"]),
-                ended_at=m["endedAt"],
-                attempt_id=m["attemptId"],
-                lease_id=m["leaseId"],
-            )
-            for m in data["leases"]
-        ),
-        stop=data["stop"],
-    )
-
-
-def brief_of(fold: RunFold) -> dict[str, Any]:
-    """The few fields of the view that hot paths read (a heartbeat's holder check and its stop
-    flags), from the fold alone: no history is read to answer them."""
-    return brief_from(fold.state, fold.stop, fold.leases)
-
-
-def brief_from(
-    state: RunState, stop: Mapping[str, Any] | None, leases: Iterable[LeaseMark]
-) -> dict[str, Any]:
-    """`brief_of` from its parts: the state, the last stop asked for and the leases issued (only
-    their attempt, lease id and principal are read), for a store that has no whole fold."""
-    leases = tuple(leases)
-    return {
-        "runId": state.run_id,
-        "status": state.status.value,
-        "version": state.version,
-        "stop": dict(stop) if stop is not None else None,
-        # attempt id -> the principal who may speak for it (current and earlier leases)
-        "holders": {m.attempt_id: m.holder_principal for m in leases},
-        "leaseIds": {m.attempt_id: m.lease_id for m in leases},
-    }

@@ -18,8 +18,8 @@ from services.common.messages import MessageCodec, UndecodableRecord
 from services.common.store import KeyValueStore
 from services.common.topics import WATCHDOG_EVENTS
 from services.projections.batch_fold import fold_batch
-from services.projections.views import decode_view as _decode
-from services.projections.views import encode_view as _encode
+from services.projections.fold_codec import decode_view as _decode
+from services.projections.fold_codec import encode_view as _encode
 from services.projections.watchdog_views import (
     WatchdogFold,
     apply_watchdog_event,

@@ -26,9 +26,9 @@ from services.common.decisions import FollowerHealth
 from services.common.messages import MessageCodec
 from services.common.store import MemoryStore
 from services.common.topics import RUNS_EVENTS, WATCHDOG_EVENTS
+from services.projections.fold_codec import encode_view
 from services.projections.store import RunViewStore
 from services.projections.trajectory_store import TrajectoryViewStore
-from services.projections.views import encode_view
 from services.projections.watchdog_store import WatchdogViewStore
 from tests.support.stored_views import run_id_of, run_view_keys
 

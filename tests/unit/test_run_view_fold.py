@@ -39,14 +39,12 @@ from services.lease_coordinator.domain import (
     superseded_lease,
 )
 from services.lease_coordinator.state_codec import decode_state, encode_state, state_record
+from services.projections.fold_codec import decode_fold, encode_fold, encode_view
 from services.projections.store import RunViewStore
 from services.projections.views import (
     RunFold,
     apply_event,
     apply_run_event,
-    decode_fold,
-    encode_fold,
-    encode_view,
     fold_run,
     history_entry,
     render_run,

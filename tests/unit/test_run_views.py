@@ -28,8 +28,9 @@ from services.common.store import MemoryStore
 from services.common.topics import RUNS_COMMANDS, RUNS_EVENTS
 from services.lease_coordinator.domain import RunState, decide, evolve
 from services.lease_coordinator.processor import RunCommandProcessor
+from services.projections.fold_codec import decode_view, encode_view
 from services.projections.store import BadCursor, RunViewStore
-from services.projections.views import apply_event, decode_view, encode_view
+from services.projections.views import apply_event
 
 from .strategies import SPEC_TEXTS, cancel_command, submit_command
 

@@ -127,7 +127,7 @@ def test_a_run_is_seeded_only_from_a_trusted_state_at_its_last_version_before_th
     older = encode_state(fold_run(events[:-1]).state)  # type: ignore[union-attr]
 
     def chosen(seeds: Seeds) -> str:
-        rebuilt, _ = _rebuilt_runs(views, scan.runs, seeds, _CODEC)
+        rebuilt = _rebuilt_runs(views, scan.runs, seeds, _CODEC)
         assert [r.state for r in rebuilt] == [fold_run(events).state]  # type: ignore[union-attr]
         return "seeded" if rebuilt[0].fold is None else "folded"
 
@@ -182,7 +182,7 @@ def test_a_read_that_meets_the_followers_fold_after_the_seeded_mark_shows_the_st
     run_id = events[0].run_id
     views, scan = _scanned(events[:-1])
     state = encode_state(fold_run(events[:-1]).state)  # type: ignore[union-attr]
-    rebuilt, _ = _rebuilt_runs(views, scan.runs, _seed(True, 99, {run_id: state}), _CODEC)
+    rebuilt = _rebuilt_runs(views, scan.runs, _seed(True, 99, {run_id: state}), _CODEC)
     views.write_rebuilt(rebuilt, {0: len(events) - 1})
     assert views._store.get(f"fold/{run_id}") == SEEDED_FOLD
     views.apply(records_of(events)[-1:])  # the follower folds the next event: JSON fold and entry
@@ -203,6 +203,6 @@ def test_a_run_whose_last_event_does_not_decode_is_folded_as_the_fold_reads_past
     scan.take(values)
     views.write_entries(scan.entries)
     state = encode_state(fold_run(events).state)  # type: ignore[union-attr]
-    rebuilt, _ = _rebuilt_runs(views, scan.runs, _seed(True, 99, {run_id: state}), _CODEC)
+    rebuilt = _rebuilt_runs(views, scan.runs, _seed(True, 99, {run_id: state}), _CODEC)
     assert rebuilt[0].fold is not None, "not seeded"
     assert rebuilt[0].state == fold_run(events[:-1]).state  # type: ignore[union-attr]
