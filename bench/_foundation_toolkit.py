@@ -62,8 +62,11 @@ class CpuMeter:
     def snapshot(self) -> dict[str, float]:
         return {name: cpu_seconds(pid) for name, pid in self.pids.items()}
 
-    def measure(self, phase: str, before: dict[str, float], wall_s: float) -> None:
-        after = self.snapshot()
+    def measure(
+        self, phase: str, before: dict[str, float], wall_s: float, until: dict[str, float] | None = None
+    ) -> None:
+        """The phase from `before` to `until` (a snapshot taken when it ended; now if None)."""
+        after = self.snapshot() if until is None else until
         self.phases.append((phase, wall_s, {n: after[n] - before[n] for n in after if n in before}))
 
 

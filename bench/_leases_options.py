@@ -62,6 +62,22 @@ def parse_args(argv: list[str] | None, description: str | None) -> argparse.Name
         help="lease coordinator instances in one consumer group (1-4; issue 16's two-instance figures)",
     )
     parser.add_argument(
+        "--logged-every",
+        type=int,
+        default=3,
+        help="at the shortest H, one renewal in this many goes on runs.events (the coordinator's "
+        "keepalive fraction is set for it): 3 is what Tenure's defaults give at a 20 s heartbeat; "
+        "0 leaves the fraction at its default (one in 45 at H=1: the figures before 2026-12-06)",
+    )
+    parser.add_argument(
+        "--warm-up-seconds",
+        type=float,
+        default=None,
+        help="heartbeats before each measured window, on a row of their own (default: 3 heartbeats, "
+        "at least 3 s): each run's first heartbeat starts it, so without a warm-up every run of the "
+        "step starts inside the window (0: none, the figures before 2026-12-06)",
+    )
+    parser.add_argument(
         "--output",
         default="docs/benchmarks.md",
         help="markdown file whose section for this configuration is replaced or added ('-' writes nothing)",
@@ -77,4 +93,8 @@ def parse_args(argv: list[str] | None, description: str | None) -> argparse.Name
         parser.error("--tenants: 1 to 64")
     if not args.steps or min(args.steps) < 1 or max(args.steps) * 2 > LEASE_SECONDS:
         parser.error(f"--heartbeat-seconds: whole seconds from 1 to {LEASE_SECONDS // 2}")
+    if not 0 <= args.logged_every <= 20:
+        parser.error("--logged-every: 0 to 20")
+    if args.warm_up_seconds is not None and not 0 <= args.warm_up_seconds <= 600:
+        parser.error("--warm-up-seconds: 0 to 600")
     return args

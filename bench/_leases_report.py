@@ -14,7 +14,8 @@ from bench.foundation import (
 from bench.foundation import write_section as shared_write_section
 
 if TYPE_CHECKING:  # the results are the bench's own (bench/leases.py); annotations only
-    from bench.leases import ExpiryResult, LogicResult, StepResult
+    from bench._leases_windows import StepResult
+    from bench.leases import ExpiryResult, LogicResult
 
 __all__ = [
     "render",
@@ -39,6 +40,26 @@ def _three(v: list[float]) -> str:
 
 def _answers(calls: Calls) -> str:
     return ", ".join(f"{n:,} x {k}" for k, n in sorted(calls.answers.items())) or "none"
+
+
+def _timeline(steps: list[StepResult], buckets: int = 10) -> list[str]:
+    """Ack p99 by when the renewal was sent, in `buckets` equal slices of each window: a tail
+    that sits in one slice (the first heartbeats, which start the runs) reads differently from
+    one spread over the window."""
+    lines = [
+        f"Ack p99 (ms) by send time, the window cut in {buckets} equal slices (count in brackets):",
+        "",
+        "| H | " + " | ".join(f"{i + 1}" for i in range(buckets)) + " |",
+        "|---:|" + "---:|" * buckets,
+    ]
+    for s in steps:
+        width = s.duration_s / buckets
+        slices: list[list[float]] = [[] for _ in range(buckets)]
+        for at, ms in s.ok_timeline:
+            slices[min(max(int(at / width), 0), buckets - 1)].append(ms)
+        cells = [f"{_ms(percentile(v, 99))} ({len(v):,})" if v else "-" for v in slices]
+        lines.append(f"| {s.heartbeat_s} s | " + " | ".join(cells) + " |")
+    return lines
 
 
 def render(
@@ -74,10 +95,16 @@ def render(
             f"| (r) H={s.heartbeat_s}s | claim: POST /runs/{{id}}/attempts | {c.count:,} | "
             f"{c.seconds:.2f} | {c.count / c.seconds:,.0f}/s | {_lat(c.ok_ms)} | - |"
         )
+        if (warm := s.warm_up) is not None:
+            lines.append(
+                f"| (r) H={s.heartbeat_s}s | warm-up: {warm.duration_s:g} s of heartbeats{batched}; each "
+                f"run's first starts it (on runs.events) | {warm.acked:,} | {warm.heartbeats.seconds:.2f} | "
+                f"{warm.achieved:,.0f}/s | {_lat(warm.heartbeats.ok_ms)} | - |"
+            )
         lines.append(
-            f"| (r) H={s.heartbeat_s}s | **renewals: {s.runs:,} runs, {s.offered:,.0f}/s offered**{batched}, "
-            f"ack latency of 200s | {s.acked:,} | {s.heartbeats.seconds:.2f} | "
-            f"**{s.achieved:,.0f}/s** | **{_lat(s.heartbeats.ok_ms)}** | "
+            f"| (r) H={s.heartbeat_s}s | **renewals: {s.runs:,} runs, "
+            f"{s.offered:,.0f}/s offered**{batched}, ack latency of 200s | {s.acked:,} | "
+            f"{s.heartbeats.seconds:.2f} | **{s.achieved:,.0f}/s** | **{_lat(s.heartbeats.ok_ms)}** | "
             f"1/{produce_rate / max(s.achieved, 1e-9):,.0f} |"
         )
         if s.release is not None:
@@ -110,6 +137,7 @@ def render(
             f"{_lat(s.to_decision_ms)[:-3]} | {_lat(s.after_decision_ms)[:-3]} | {_ms(s.decision_ms)} | "
             f"{late:,} ({late / max(hb.count, 1):.0%}) | {s.events:,} / {s.markers:,} | {_answers(hb)} |"
         )
+    lines += ["", *_timeline(steps)]
     probes = [p for p in [idle, *(s.expiry for s in steps)] if p is not None]
     if probes:
         lines += [

@@ -29,12 +29,26 @@ __all__ = [
     "TENANT",
     "EventWatch",
     "coordinator_partitions",
+    "keepalive_fraction",
     "start_services",
     "submit_runs",
 ]
 
 TENANT = "bench"
-LEASE_SECONDS = 90  # renewal runs: long enough that no lease of a step goes at risk (45 s) or expires
+LEASE_SECONDS = 90  # renewal runs with --lease-ratio 0: no lease of a step goes at risk (45 s) or expires
+
+
+def keepalive_fraction(logged_every: int, heartbeat_s: int) -> float:
+    """The coordinator's TENURE_LEASE_KEEPALIVE_FRACTION that puts one renewal in `logged_every`
+    on runs.events at heartbeat H with LEASE_SECONDS leases: a renewal goes there once the last
+    one there is `fraction` x TTL old. Tenure's defaults (90 s lease, 20 s heartbeat, 0.5) log one
+    renewal in three (at 20 and 40 s kept, at 60 s logged); the bench compresses the heartbeat to
+    1-5 s at the same 90 s lease, where 0.5 would log one in 45 at H=1, so it sets the threshold
+    to `logged_every` heartbeats (minus half a heartbeat, so jitter does not move a renewal across
+    it). One value for the whole run, set from its shortest H: a longer H logs more, not fewer."""
+    return (logged_every - 0.5) * heartbeat_s / LEASE_SECONDS
+
+
 DECISION_TIMEOUT_S = 10
 LEASE_EXPIRED = b"tenure.runs.events.LeaseExpired"
 
@@ -108,11 +122,12 @@ def coordinator_partitions() -> str:
 
 
 def start_services(
-    bootstrap: str, workdir: Path, tag: str, coordinators: int = 1
+    bootstrap: str, workdir: Path, tag: str, coordinators: int = 1, keepalive: float | None = None
 ) -> tuple[list[Service], int]:
     """As bench.foundation's, plus the decision timeout the lease API is run with; with
     `coordinators` > 1, that many lease coordinators in one consumer group (issue 16), each with
-    its own instance id, state folder and health port, listed after the API."""
+    its own instance id, state folder and health port, listed after the API; `keepalive`: the
+    coordinators' TENURE_LEASE_KEEPALIVE_FRACTION (None: Tenure's default)."""
     port, views_dir = free_port(), workdir / "views"
     api_env = service_env(
         bootstrap, views_dir, TENURE_API_PORT=str(port), TENURE_DECISION_TIMEOUT_S=str(DECISION_TIMEOUT_S)
@@ -127,6 +142,7 @@ def start_services(
             state,
             TENURE_INSTANCE_ID=f"bench-{tag}" if coordinators == 1 else f"bench-{tag}-{index}",
             TENURE_COORDINATOR_HEALTH_PORT=str(port),
+            **({} if keepalive is None else {"TENURE_LEASE_KEEPALIVE_FRACTION": f"{keepalive:.6f}"}),
         )
         return spawn(name, "services.lease_coordinator", state, env)
 

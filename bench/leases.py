@@ -10,12 +10,15 @@ One invocation, one broker, phases in this order (see bench/README.md, docs/benc
       per run, the view's lease.endedAt (when the coordinator's timer recorded LeaseExpired)
       minus lease.expiresAt (the rule's deadline), both on the coordinator's clock;
   (i) five idle seconds: what the processes cost doing nothing;
-  (r) per heartbeat interval H: R runs claimed (POST /runs/{id}/attempts, heartbeatSeconds=H),
-      then S simulated runners (one aiohttp pool each, --client httpx to compare) heartbeat them
-      for D seconds, each run every H seconds, phases spread evenly over H (R/H renewals/s
-      offered); K more runs are claimed with a 2 s lease a third of the way in, to measure expiry
-      detection under that load; every step but the last ends by reporting its attempts as
-      succeeded so no lease timer of it outlives the step.
+  (r) per heartbeat interval H: R runs claimed (POST /runs/{id}/attempts, heartbeatSeconds=H,
+      90 s leases; the coordinator logs one renewal in three at the shortest H, as Tenure's
+      defaults do at a 20 s heartbeat: --logged-every), then S simulated runners (one aiohttp
+      pool each, --client httpx to compare) heartbeat them, each run every H seconds, phases
+      spread evenly over H (R/H renewals/s offered): a warm-up of 3 H (at least 3 s; each run's
+      first heartbeat starts it) on a row of its own, then D measured seconds
+      (bench/_leases_windows.py); K more runs are claimed with a 2 s lease a third of the way
+      in, to measure expiry detection under that load; every step but the last ends by
+      reporting its attempts as succeeded so no lease timer of it outlives the step.
 
     PYTHONPATH=. python -m bench.leases [--runs 2000] [--heartbeat-seconds 8,4,2] [--duration 30]
         [--batch 250]   (renew through POST /leases:renew, 250 leases a request: issue 16)
@@ -35,19 +38,16 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench._leases_io import (
-    CLIENTS,
     EXPIRY_LEASE_SECONDS,
     Calls,
-    Held,
     MachineCpuMeter,
     Pool,
     TransportError,
-    answer_key,
     claim_all,
     decision_wait,
     end_offsets,
@@ -63,9 +63,11 @@ from bench._leases_system import (
     TENANT,
     EventWatch,
     coordinator_partitions,
+    keepalive_fraction,
     start_services,
     submit_runs,
 )
+from bench._leases_windows import StepResult, batch_window, heartbeat_window
 from bench.foundation import (
     BATCH,
     Service,
@@ -224,164 +226,6 @@ def bench_logic(runs: int, workdir: Path) -> LogicResult:
 # --- sustained renewals -----------------------------------------------------------------------
 
 
-@dataclass
-class StepResult:
-    heartbeat_s: int
-    runs: int
-    runners: int
-    duration_s: float
-    claims: Calls
-    scheduled: int = 0  # heartbeat slots in the window (R/H per second)
-    heartbeats: Calls = field(default_factory=Calls)
-    from_slot_ms: list[float] = field(default_factory=list)  # slot -> 200: includes falling behind
-    late_ms: list[float] = field(default_factory=list)  # send time - slot, every heartbeat
-    # Split of each acknowledged heartbeat at `serverTime` (the coordinator's clock when it decided;
-    # same host, so comparable with the bench's wall clock): before and after the decision.
-    to_decision_ms: list[float] = field(default_factory=list)
-    after_decision_ms: list[float] = field(default_factory=list)
-    decision_ms: float = float("nan")  # mean publish -> decision inside the API (its /metrics)
-    events: int = 0
-    markers: int = 0
-    expiry: ExpiryResult | None = None
-    release: Calls | None = None
-
-    @property
-    def offered(self) -> float:
-        return self.runs / self.heartbeat_s
-
-    @property
-    def acked(self) -> int:
-        return self.heartbeats.answers.get("200", 0)
-
-    @property
-    def achieved(self) -> float:
-        return self.acked / self.heartbeats.seconds if self.heartbeats.seconds else 0.0
-
-
-async def heartbeat_window(
-    client: str, base_url: str, held: list[Held], step: StepResult, runners: int
-) -> None:
-    """Every run heartbeats at its slots t0 + H*i/R + k*H until t0 + D, one coroutine per run.
-
-    A run never has two heartbeats in flight (a runner waits for its answer, as a real one
-    would, so sequences stay in order): when answers take longer than H the next heartbeat goes
-    late, the offered rate is not reached, and `late_ms` and `from_slot_ms` show it.
-    """
-    # Connections per runner: enough for its share of the runs at once, so the pool never
-    # queues requests the server could have taken.
-    clients = [CLIENTS[client](base_url, max(8, len(held) // runners + 1)) for _ in range(runners)]
-    loop = asyncio.get_running_loop()
-    interval, t0 = float(step.heartbeat_s), loop.time() + 0.5
-    end = t0 + step.duration_s
-    last_answer = [t0]
-
-    async def run(i: int, lease: Held) -> None:
-        http, slot = clients[i % runners], t0 + interval * i / len(held)
-        due = slot
-        while due < end:  # count the window's slots with the same float steps as the loop below
-            step.scheduled, due = step.scheduled + 1, due + interval
-        while slot < end:
-            if (delay := slot - loop.time()) > 0:
-                await asyncio.sleep(delay)
-            sent, sent_wall_ms = loop.time(), time.time() * 1000
-            step.late_ms.append((sent - slot) * 1000)
-            lease.sequence += 1
-            body = {"leaseEpoch": lease.epoch, "sequence": lease.sequence}
-            try:
-                status, answer = await http.call("POST", f"/attempts/{lease.attempt_id}/heartbeat", body)
-                key = answer_key(status, answer)
-            except TransportError as exc:
-                key, answer = f"0 {exc}", b""
-            done, done_wall_ms = loop.time(), time.time() * 1000
-            last_answer[0] = max(last_answer[0], done)
-            step.heartbeats.answers[key] += 1
-            if key == "200":
-                step.heartbeats.ok_ms.append((done - sent) * 1000)
-                step.from_slot_ms.append((done - slot) * 1000)
-                decided_ms = (parse(answer) or {}).get("serverTime")
-                if isinstance(decided_ms, int):
-                    step.to_decision_ms.append(decided_ms - sent_wall_ms)
-                    step.after_decision_ms.append(done_wall_ms - decided_ms)
-            slot += interval
-            # A whole interval behind: that slot is skipped rather than queued, so a run never
-            # catches up in a burst and the window ends on time; skipped slots show as Slots - Sent.
-            while slot < loop.time() - interval:
-                slot += interval
-
-    try:
-        await asyncio.gather(*(run(i, lease) for i, lease in enumerate(held)))
-    finally:
-        await asyncio.gather(*(c.close() for c in clients))
-    step.heartbeats.seconds = last_answer[0] - t0
-
-
-async def batch_window(
-    client: str, base_url: str, held: list[Held], step: StepResult, runners: int, batch: int
-) -> None:
-    """As heartbeat_window, but each simulated runner host renews its leases in batches of up
-    to `batch` (POST /leases:renew, issue 16): every lease still renews every H seconds, one
-    request carries `batch` of them, and the requests are spread evenly over H.
-
-    Each lease's ack latency is its request's; an accepted item counts as a "200", any other
-    item by its status and problem type ("item refused stale-epoch"), so the figures compare
-    with the single-heartbeat mode's lease for lease."""
-    clients = [CLIENTS[client](base_url, 8) for _ in range(runners)]
-    groups = [held[i : i + batch] for i in range(0, len(held), batch)]
-    loop = asyncio.get_running_loop()
-    interval, t0 = float(step.heartbeat_s), loop.time() + 0.5
-    end = t0 + step.duration_s
-    last_answer = [t0]
-
-    async def run(g: int, group: list[Held]) -> None:
-        http, slot = clients[g % runners], t0 + interval * g / len(groups)
-        due = slot
-        while due < end:
-            step.scheduled, due = step.scheduled + len(group), due + interval
-        while slot < end:
-            if (delay := slot - loop.time()) > 0:
-                await asyncio.sleep(delay)
-            sent, sent_wall_ms = loop.time(), time.time() * 1000
-            step.late_ms.extend([(sent - slot) * 1000] * len(group))
-            items = []
-            for lease in group:
-                lease.sequence += 1
-                items.append(
-                    {"attemptId": lease.attempt_id, "leaseEpoch": lease.epoch, "sequence": lease.sequence}
-                )
-            try:
-                status, answer = await http.call("POST", "/leases:renew", {"renewals": items})
-                key = answer_key(status, answer)
-            except TransportError as exc:
-                key, answer = f"0 {exc}", b""
-            done, done_wall_ms = loop.time(), time.time() * 1000
-            last_answer[0] = max(last_answer[0], done)
-            results = (parse(answer) or {}).get("results") if key == "200" else None
-            if not isinstance(results, list):
-                step.heartbeats.answers[key] += len(group)
-            else:
-                for item in results:
-                    if item.get("status") != "accepted":
-                        slug = str((item.get("problem") or {}).get("type", "")).rsplit("/", 1)[-1]
-                        step.heartbeats.answers[f"item {item.get('status')} {slug}".strip()] += 1
-                        continue
-                    step.heartbeats.answers["200"] += 1
-                    step.heartbeats.ok_ms.append((done - sent) * 1000)
-                    step.from_slot_ms.append((done - slot) * 1000)
-                    decided_ms = item.get("serverTime")
-                    if isinstance(decided_ms, int):
-                        step.to_decision_ms.append(decided_ms - sent_wall_ms)
-                        step.after_decision_ms.append(done_wall_ms - decided_ms)
-            slot += interval
-            while slot < loop.time() - interval:
-                slot += interval
-
-    try:
-        await asyncio.gather(*(run(g, group) for g, group in enumerate(groups)))
-    finally:
-        await asyncio.gather(*(c.close() for c in clients))
-    step.heartbeats.seconds = last_answer[0] - t0
-
-
 async def renewal_step(
     base_url: str,
     run_ids: list[str],
@@ -405,27 +249,44 @@ async def renewal_step(
         if not held:
             raise RuntimeError(f"{label}: no claim succeeded: {dict(claims.answers)}")
 
+        warm_s = max(3.0, 3.0 * heartbeat_s) if args.warm_up_seconds is None else args.warm_up_seconds
+        if warm_s > 0:  # why: bench/_leases_windows.py
+            step.warm_up = StepResult(heartbeat_s, len(held), args.runners, warm_s, claims)
         say(
-            f"(r) {label}: {args.runners} runners heartbeat {len(held)} runs for {args.duration:g}s "
+            f"(r) {label}: {args.runners} runners heartbeat {len(held)} runs for "
+            f"{warm_s:g} s of warm-up, then {args.duration:g} s measured "
             f"({step.offered:,.0f}/s offered)"
             + (f"; {len(expiry_ids)} 2 s leases claimed at {args.duration / 3:.0f}s" if expiry_ids else "")
         )
-        metrics_before, ends_before = await decision_wait(http, "RenewLease"), end_offsets(bootstrap)
+        marks: dict[str, Any] = {}
+
+        async def window_marks() -> None:
+            marks["metrics"] = await decision_wait(http, "RenewLease")
+            marks["ends"] = await asyncio.to_thread(end_offsets, bootstrap)
+
+        def at_window() -> None:  # the measured window begins: the CPU meters and the log's ends
+            marks.update(cpu=cpu.snapshot(), threads=cpu.threads.snapshot(), t0=time.monotonic())
+            marks["task"] = asyncio.create_task(window_marks())
 
         async def expiry_under_load() -> ExpiryResult | None:
             if not expiry_ids:
                 return None
-            await asyncio.sleep(0.5 + args.duration / 3)
+            await asyncio.sleep(0.5 + warm_s + args.duration / 3)
             return await expiry_probe(http, expiry_ids, watch, label, min(args.concurrency, 16))
 
-        before, threads_before, t0 = cpu.snapshot(), cpu.threads.snapshot(), time.monotonic()
+        before, t0 = cpu.snapshot(), time.monotonic()
         expiry_task = asyncio.create_task(expiry_under_load())
         if args.batch:
-            await batch_window(args.client, base_url, held, step, args.runners, args.batch)
+            await batch_window(args.client, base_url, held, step, args.runners, args.batch, at_window)
         else:
-            await heartbeat_window(args.client, base_url, held, step, args.runners)
-        cpu.measure(f"(r) {label}: renewals", before, time.monotonic() - t0)
-        cpu.threads.measure(f"(r) {label}: renewals", threads_before, time.monotonic() - t0)
+            await heartbeat_window(args.client, base_url, held, step, args.runners, at_window)
+        wall = time.monotonic() - marks["t0"]
+        if step.warm_up is not None:
+            cpu.measure(f"(r) {label}: warm-up", before, marks["t0"] - t0, until=marks["cpu"])
+        cpu.measure(f"(r) {label}: renewals", marks["cpu"], wall)
+        cpu.threads.measure(f"(r) {label}: renewals", marks["threads"], wall)
+        await marks["task"]
+        metrics_before, ends_before = marks["metrics"], marks["ends"]
         step.expiry = await expiry_task
         metrics_after, ends_after = await decision_wait(http, "RenewLease"), end_offsets(bootstrap)
         if (count := metrics_after[1] - metrics_before[1]) > 0:
@@ -519,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
         logic = bench_logic(args.runs, workdir)
         cpu.measure("(l) processor logic, in the bench process", before, time.monotonic() - t0)
 
-        services, port = start_services(bootstrap, workdir, tag, args.coordinators)
+        keepalive = keepalive_fraction(args.logged_every, min(args.steps)) if args.logged_every else None
+        services, port = start_services(bootstrap, workdir, tag, args.coordinators, keepalive)
         cpu.pids.update({s.name: s.process.pid for s in services})
         cpu.threads.pids = {s.name: s.process.pid for s in services}
         total = args.expiry_runs + len(args.steps) * (args.runs + args.expiry_runs)
@@ -546,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
             + (f" batch={args.batch}" if args.batch else "")
             + (f" coordinators={args.coordinators}" if args.coordinators > 1 else "")
             + (f" tenants={args.tenants}" if args.tenants > 1 else "")
+            + f" logged-every={args.logged_every}"
+            + (" warm-up=3H" if args.warm_up_seconds is None else f" warm-up={args.warm_up_seconds:g}")
         )
         if args.output != "-":
             output = Path(args.output) if Path(args.output).is_absolute() else repo_root() / args.output
