@@ -225,9 +225,11 @@ def rebuild_views(bootstrap: str, workdir: Path, runs: int, seeded: bool) -> tup
         store.close()
 
 
-def same_views(folded_dir: Path, seeded_dir: Path) -> int:
+def same_views(folded_dir: Path, seeded_dir: Path) -> tuple[int, float, float]:
     """Check that the seeded rebuild's store shows what the full fold's does: every brief, index
-    and held entry byte for byte, offsets no lower, and every run's rendered view; the runs compared."""
+    and held entry byte for byte, offsets no lower, and every run's rendered view. Returns the
+    runs compared and the seconds each store took to render all their views (a seeded run's
+    view is folded from its history when read, until its next event)."""
     folded, seeded = RocksStore(folded_dir), RocksStore(seeded_dir)
     try:
         for prefix in ("brief/", "idx/", "held/"):
@@ -240,12 +242,15 @@ def same_views(folded_dir: Path, seeded_dir: Path) -> int:
             int(v) < ends[k] for k, v in seeded.scan("offset/")
         ):
             raise AssertionError("the seeded rebuild stored offsets behind the full fold's")
+        began = time.perf_counter()
         expected = RunViewStore(folded, MessageCodec()).all_views()
+        folded_s, began = time.perf_counter() - began, time.perf_counter()
         got = RunViewStore(seeded, MessageCodec()).all_views()
+        seeded_s = time.perf_counter() - began
         if got != expected:
             differ = sorted(k for k in expected.keys() | got.keys() if got.get(k) != expected.get(k))
             raise AssertionError(f"{len(differ)} seeded views differ from the full fold's, e.g. {differ[:3]}")
-        return len(expected)
+        return len(expected), folded_s, seeded_s
     finally:
         folded.close()
         seeded.close()
@@ -307,7 +312,12 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(("(d) rebuild, every event folded", seconds, folded))
                 seconds, folded = rebuild_views(bootstrap, seeded_dir, len(expected), seeded=True)
                 rows.append(("(d2) rebuild seeded from runs.states", seconds, folded))
-                say(f"  (d2) checked equal to (d): {same_views(folded_dir, seeded_dir):,} views")
+                views, folded_s, seeded_s = same_views(folded_dir, seeded_dir)
+                say(
+                    f"  (d2) checked equal to (d): {views:,} views; every view read once: "
+                    f"{folded_s * 1e3 / views:.2f} ms a run from (d)'s store, "
+                    f"{seeded_s * 1e3 / views:.2f} ms from (d2)'s ({total / views:.0f} events a run)"
+                )
             raw_rate, raw_cpu_rate = total / raw_s[0], total / raw_s[1]
             say(f"round {round_} of {args.repeat}, load average {os.getloadavg()}:")
             say(
