@@ -1,11 +1,14 @@
-"""An API instance's start-up catch-up: its own projection folding runs.events from Kafka.
+"""An API instance's start-up catch-up: its own projection building its views from Kafka.
 
-Starts a broker of its own, writes the workload of bench/run_views_fold.py to runs.events
-(`--runs` runs, about 50 events each at the default 40 renewals), then opens an `ApiProjection`
+Starts a broker of its own, commits the workload of bench/run_views_fold.py to runs.events as
+the coordinator commits it, with the state changelog (bench/restore.py's `produce`: `--runs`
+runs, about 50 events each at the default 40 renewals), then opens an `ApiProjection`
 (services/command_api/projection.py) on an empty state folder and times it until its readiness
-says caught up; then closes it and opens it again on the same folder (a restart from its own
-checkpoint, which folds nothing) and times that; and times a raw read of the same records for
-comparison. Each API instance pays the first figure once per empty state folder, the second on
+says caught up: first folding every event (`seed_runs=False`, as every instance did before
+2026-12-06), then seeded from the state changelog (the default), and checks that both show the
+same views; then closes the seeded one and opens it again on the same folder (a restart from its
+own checkpoint, which folds nothing) and times that; and times a raw read of the same records
+for comparison. Each API instance pays the first figure once per empty state folder, the last on
 every restart.
 
     PYTHONPATH=. .venv/bin/python -m bench.api_catch_up [--runs 2000]
@@ -20,10 +23,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.restore import produce
 from bench.run_views_fold import workload
 from services.command_api.projection import ApiProjection
 from services.common.broker import free_port, start_broker
-from services.common.kafka import CommandPublisher, TopicFollower, create_topics
+from services.common.kafka import TopicFollower, create_topics
 from services.common.messages import MessageCodec
 from services.common.topics import RUNS_EVENTS, TOPICS
 
@@ -62,29 +66,32 @@ def main() -> None:
         try:
             bootstrap = broker.bootstrap_servers
             create_topics(bootstrap, TOPICS)
-            publisher = CommandPublisher(bootstrap, client_id="bench-api-catch-up")
-            futures = [publisher.publish(codec.outbound(RUNS_EVENTS.name, e.run_id, e)) for e in events]
-            for future in futures:
-                future.result(60)
-            publisher.close()
+            produce(bootstrap, events, 500, "api-catch-up")
             raw_s = _raw_read(bootstrap, len(events))
-            state = Path(tmp) / "state" / "api-0" / "views"
+            folded_dir, seeded_dir = Path(tmp) / "state" / "folded", Path(tmp) / "state" / "seeded"
             began = time.monotonic()
-            projection = ApiProjection(bootstrap, state, codec)
-            first_s = _ready_after(projection, began)
-            runs = len(projection.runs.all_views())
+            projection = ApiProjection(bootstrap, folded_dir, codec, seed_runs=False)
+            folded_s = _ready_after(projection, began)
+            expected = projection.runs.all_views()
             projection.close()
             began = time.monotonic()
-            projection = ApiProjection(bootstrap, state, codec)
+            projection = ApiProjection(bootstrap, seeded_dir, codec)
+            seeded_s = _ready_after(projection, began)
+            if projection.runs.all_views() != expected:
+                raise AssertionError("the seeded instance's views differ from the folding one's")
+            projection.close()
+            began = time.monotonic()
+            projection = ApiProjection(bootstrap, seeded_dir, codec)
             again_s = _ready_after(projection, began)
             projection.close()
         finally:
             broker.stop()
     n = len(events)
-    print(f"{n} runs.events of {runs} runs")
-    print(f"raw read:                      {raw_s:6.2f}s ({n / raw_s:,.0f} events/s)")
-    print(f"empty state folder, caught up: {first_s:6.2f}s ({n / first_s:,.0f} events/s)")
-    print(f"restart from its checkpoint:   {again_s:6.2f}s")
+    print(f"{n} runs.events of {len(expected)} runs (the same views both ways)")
+    print(f"raw read:                                  {raw_s:6.2f}s ({n / raw_s:,.0f} events/s)")
+    print(f"empty state folder, every event folded:    {folded_s:6.2f}s ({n / folded_s:,.0f} events/s)")
+    print(f"empty state folder, seeded from runs.states: {seeded_s:6.2f}s ({n / seeded_s:,.0f} events/s)")
+    print(f"restart from its checkpoint:               {again_s:6.2f}s")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ its own (`<state_dir>/api-<instance_id>/views`) with the projector's own stores
 (services/projections: `RunViewStore.apply` and friends, which fold with each aggregate's view
 `apply`), so no instance reads another process's disk and any number of them can serve behind a
 load balancer. The offsets are written with the views in one atomic write, so a restart resumes
-from its own checkpoint and folds only the tail of each log.
+from its own checkpoint and folds only the tail of each log. A new instance (no runs.events
+offsets) first builds its Run views seeded from the state changelog, as `tenure rebuild` does
+(`_seed_runs`; docs/architecture.md, "A rebuild seeded from the state changelog").
 
 Read-your-writes across instances is the `barrier`: a read first asks Kafka where the topic ends
 now (`LogEnds`: one ListOffsets request for the committed ends, shared by every read that arrived
@@ -30,8 +32,15 @@ from services.common.decisions import FollowerHealth
 from services.common.kafka import CommittedEnds, InboundRecord, TopicFollower
 from services.common.messages import MessageCodec, UndecodableRecord
 from services.common.store import RocksStore
-from services.common.topics import RUNS_EVENTS, RUNS_RENEWALS, TRAJECTORIES_EVENTS, WATCHDOG_EVENTS
+from services.common.topics import (
+    RUNS_EVENTS,
+    RUNS_RENEWALS,
+    RUNS_STATES,
+    TRAJECTORIES_EVENTS,
+    WATCHDOG_EVENTS,
+)
 from services.projections.renewal_store import RenewalHistoryStore
+from services.projections.service import seed_run_views
 from services.projections.store import RunViewStore
 from services.projections.trajectory_store import TrajectoryViewStore
 from services.projections.watchdog_store import WatchdogViewStore
@@ -180,6 +189,10 @@ class LogEnds:
         self._cond.notify_all()
 
 
+class _Closing(Exception):
+    """Raised from a seeding's progress when the projection closes: the seeding stops there."""
+
+
 class ApiProjection:
     """Follows the view topics into this instance's own store, one thread per topic."""
 
@@ -191,8 +204,14 @@ class ApiProjection:
         path: Path,
         codec: MessageCodec,
         client_id: str = "tenure-api-views",
+        *,
+        seed_runs: bool = True,
     ) -> None:
+        """`seed_runs`: an empty store's Run views are seeded from the state changelog before
+        they follow runs.events (`_seed_runs`); False folds every event (bench/api_catch_up.py
+        compares the two)."""
         path.mkdir(parents=True, exist_ok=True)
+        self._seed_runs_first = seed_runs
         self._bootstrap = bootstrap_servers
         self._client_id = client_id
         try:
@@ -218,6 +237,7 @@ class ApiProjection:
         self._caught_up_s: dict[str, float] = {}
         self._started = time.monotonic()
         self._stop = threading.Event()
+        self._seeding: tuple[int, int] | None = None  # (read, of) while the Run views are seeded
         # Opened on first use: opening the API must not wait for a broker.
         self._ends_query: CommittedEnds | None = None
         self._ends_lock = threading.Lock()
@@ -253,12 +273,16 @@ class ApiProjection:
             try:
                 self._follow_once(topic, backoff)
             except Exception as exc:  # a broker outage or a bad event: resume from the store
+                if self._stop.is_set():
+                    return
                 log.warning("following %s into the API's views failed (%s); resuming", topic, exc)
                 self._failures[topic] = f"{type(exc).__name__}: {exc}"
                 self._stop.wait(backoff.next_delay())
 
     def _follow_once(self, topic: str, backoff: Backoff) -> None:
         offsets, apply = self._sides[topic]
+        if topic == RUNS_EVENTS.name and self._seed_runs_first:
+            self._seed_runs()
         start_at = offsets()
         self.progress.advance(topic, start_at)
         follower = TopicFollower(self._bootstrap, [topic], start_at=start_at, client_id=self._client_id)
@@ -281,6 +305,36 @@ class ApiProjection:
                 self._note_caught_up(topic)
         finally:
             follower.close()
+
+    def _seed_runs(self) -> None:
+        """A new instance (no runs.events offsets) builds its Run views seeded from the state
+        changelog before it follows, instead of folding every event (issue 16); a restart with
+        offsets continues from them. A seeding cut short (a crash, close) stored no offsets, so
+        the next start seeds again."""
+        last_said = [time.monotonic()]
+
+        def progress(seen: int, total: int) -> None:
+            self._seeding = (seen, total)
+            if self._stop.is_set():
+                raise _Closing("the API closed while seeding its Run views")
+            if time.monotonic() - last_said[0] >= 5.0:
+                last_said[0] = time.monotonic()
+                log.info("seeding the API's Run views: %d of %d runs.events records read", seen, total)
+
+        self._seeding = (0, 0)
+        try:
+            report = seed_run_views(self._bootstrap, self.runs, progress)
+        finally:
+            self._seeding = None
+        if report is not None:
+            log.info(
+                "seeded the API's Run views in %.2fs: %d runs from %d events, %d seeded from %s",
+                report.seconds,
+                report.runs,
+                report.events,
+                report.seeded,
+                RUNS_STATES.name,
+            )
 
     def _undecodable(self, record: InboundRecord, error: UndecodableRecord) -> None:
         # The projector dead-letters it; each API instance only reads past it.
@@ -310,6 +364,12 @@ class ApiProjection:
         dead = [t.name for t in self._threads if not t.is_alive()]
         if dead and not self._stop.is_set():
             return FollowerHealth(False, f"follower threads stopped: {', '.join(dead)}")
+        if (seeding := self._seeding) is not None:
+            return FollowerHealth(
+                False,
+                f"the API's own views: seeding {RUNS_EVENTS.name} from {RUNS_STATES.name}, "
+                f"{seeding[0]} of {seeding[1]} records read",
+            )
         behind: dict[str, int] = {}
         for topic in VIEW_TOPICS:
             targets = self._targets[topic]

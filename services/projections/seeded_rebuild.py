@@ -50,7 +50,7 @@ from services.common.contracts import (
     holder_principal,
 )
 from services.common.heap import no_cycle_collection
-from services.common.kafka import PartitionReader, TopicFollower
+from services.common.kafka import CommittedEnds, PartitionReader, TopicFollower
 from services.common.messages import MessageCodec, UndecodableRecord
 from services.common.sequencing import Sequencing, sequence
 from services.common.topics import RUNS_EVENTS, RUNS_STATES
@@ -124,7 +124,11 @@ def rebuild_seeded(
     follower = TopicFollower(bootstrap_servers, [RUNS_EVENTS.name], "beginning", "tenure-rebuild", bulk=True)
     with no_cycle_collection():
         with closing(follower):
-            targets = {p: end for p, end in follower.end_offsets(RUNS_EVENTS.name).items() if end > 0}
+            # One ListOffsets request for the committed ends: the bulk consumer's watermark
+            # query per partition waits its fetch wait (~0.5 s each; a new API instance seeds
+            # on every start with an empty store, so a small log must not take seconds).
+            ends = CommittedEnds(bootstrap_servers).ends(RUNS_EVENTS.name)
+            targets = {p: end for p, end in ends.items() if end > 0}
             # The changelog is read on a thread of its own while the log is read here: both are
             # mostly waiting for fetches, and its seeds are only needed once the log is read.
             seeding = _SeedReader(bootstrap_servers, targets)

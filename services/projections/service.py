@@ -35,6 +35,7 @@ __all__ = [
     "rebuild",
     "rebuild_trajectories",
     "rebuild_watchdogs",
+    "seed_run_views",
     "views_path",
 ]
 
@@ -255,6 +256,26 @@ def rebuild(
         return RebuildReport(report.events, report.runs, seconds, report.seeded, report.changelog_records)
     seen = _refold(bootstrap_servers, RUNS_EVENTS.name, views.apply, progress, started)
     return RebuildReport(events=seen, runs=views.count(), seconds=time.monotonic() - started)
+
+
+def seed_run_views(
+    bootstrap_servers: str,
+    views: RunViewStore,
+    progress: Callable[[int, int], None] | None = None,
+) -> RebuildReport | None:
+    """Before a store follows runs.events: if it has folded none of it (a new API instance, or a
+    start-up seeding cut short), build its Run views seeded from the state changelog, about five
+    times faster than folding every event (docs/architecture.md, "A rebuild seeded from the state
+    changelog"). Only the Run views are replaced: the store's other views stay. None: the store
+    has offsets, and its follower continues from them."""
+    if views.offsets():
+        return None
+    started = time.monotonic()
+    views.clear_runs()
+    report = rebuild_seeded(bootstrap_servers, views, MessageCodec(), progress)
+    return RebuildReport(
+        report.events, report.runs, time.monotonic() - started, report.seeded, report.changelog_records
+    )
 
 
 def rebuild_trajectories(

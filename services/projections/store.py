@@ -439,6 +439,15 @@ class RunViewStore:
         self._layout_current = False
         self._recent.clear()
 
+    def clear_runs(self) -> None:
+        """Delete the Run views, their history and offsets, and nothing else: an API instance
+        keeps its trajectory, watchdog and renewal views in the same store."""
+        keys = self._outdated_keys()
+        if keys or self._store.get(_LAYOUT_KEY) is not None:
+            self._store.write({}, (*keys, _LAYOUT_KEY))
+        self._layout_current = False
+        self._recent.clear()
+
     def count(self) -> int:
         """How many runs have a view (none is rendered to count them)."""
         return sum(1 for _ in self._store.scan("fold/"))

@@ -22,13 +22,20 @@ from pathlib import Path
 
 import pytest
 
+from services.command_api.projection import ApiProjection
 from services.common.aggregate.changelog import unit_records
 from services.common.broker import free_port, start_broker
 from services.common.contracts import RunEvent
 from services.common.kafka import OutboundRecord, TopicFollower, TransactionalWriter, create_topics
 from services.common.messages import MessageCodec
 from services.common.store import MemoryStore
-from services.common.topics import RUNS_EVENTS, RUNS_STATES
+from services.common.topics import (
+    RUNS_EVENTS,
+    RUNS_RENEWALS,
+    RUNS_STATES,
+    TRAJECTORIES_EVENTS,
+    WATCHDOG_EVENTS,
+)
 from services.lease_coordinator.domain import RunState, evolve
 from services.lease_coordinator.state_codec import STATE_FORMAT, encode_state
 from services.projections import seeded_rebuild
@@ -49,7 +56,8 @@ def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         port=free_port(), state_dir=state_dir, data_dir=state_dir / "data", timeout=90.0, die_with_parent=True
     )
     try:
-        create_topics(handle.bootstrap_servers, [RUNS_EVENTS, RUNS_STATES])
+        topics = [RUNS_EVENTS, RUNS_STATES, TRAJECTORIES_EVENTS, WATCHDOG_EVENTS, RUNS_RENEWALS]
+        create_topics(handle.bootstrap_servers, topics)
         yield handle.bootstrap_servers
     finally:
         handle.stop()
@@ -189,3 +197,56 @@ def test_a_seeded_rebuild_shows_what_folding_every_event_shows_and_follows_on_DU
     still = {k.removeprefix("fold/") for k, v in seeded_store.scan("fold/") if v == SEEDED_FOLD}
     assert still == seeded_runs - stepped
     assert still and seeded_runs & stepped, "some seeded runs had events since, some did not"
+
+
+def _caught_up(projection: ApiProjection) -> None:
+    deadline = time.monotonic() + 120
+    while projection.caught_up_seconds() is None:
+        assert time.monotonic() < deadline, projection.health().detail
+        time.sleep(0.1)
+
+
+def test_a_new_api_instance_seeds_its_run_views_and_a_restart_continues_from_its_offsets(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    """A new API instance (an empty store) builds its Run views seeded from the changelog, not by
+    folding every event; they equal the full fold's, and after a restart it follows on from its
+    own offsets (the seeded marks of runs without events since stay: nothing was seeded again)."""
+    rng = random.Random(17)
+    walks = _walks(40, 25, rng, "api")
+    coordinator = _Coordinator(bootstrap)
+    try:
+        coordinator.commit(_interleaved([w.events for w in walks]), per_unit=30)
+        full_store = MemoryStore()
+        full = RunViewStore(full_store, _CODEC)
+        rebuild(bootstrap, full, seeded=False)
+
+        projection = ApiProjection(bootstrap, tmp_path / "api-views", _CODEC)
+        try:
+            _caught_up(projection)
+            seeded = {k for k, v in projection.store.scan("fold/") if v == SEEDED_FOLD}
+            assert seeded, "the new instance seeded its Run views from the changelog"
+            assert projection.runs.all_views() == full.all_views()
+            assert dict(projection.store.scan("brief/")) == dict(full_store.scan("brief/"))
+            assert projection.health().ready, projection.health().detail
+        finally:
+            projection.close()
+
+        written = {w.key: len(w.events) for w in walks}
+        for walk in walks[::3]:
+            walk.step(rng.choice(ACTIONS), rng.randint(0, 11), rng.choice(ADVANCES))
+        new_events = _interleaved([w.events[written[w.key] :] for w in walks])
+        coordinator.commit(new_events, per_unit=10)
+    finally:
+        coordinator.close()
+    _follow(bootstrap, full)
+    projection = ApiProjection(bootstrap, tmp_path / "api-views", _CODEC)
+    try:
+        _caught_up(projection)
+        assert projection.runs.all_views() == full.all_views()
+        stepped = {f"fold/{e.run_id}" for e in new_events}
+        assert seeded & stepped, "some seeded runs had events since"
+        still = {k for k, v in projection.store.scan("fold/") if v == SEEDED_FOLD}
+        assert still == seeded - stepped, "a restart follows on; it does not seed again"
+    finally:
+        projection.close()

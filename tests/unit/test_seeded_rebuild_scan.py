@@ -206,3 +206,22 @@ def test_a_run_whose_last_event_does_not_decode_is_folded_as_the_fold_reads_past
     rebuilt = _rebuilt_runs(views, scan.runs, _seed(True, 99, {run_id: state}), _CODEC)
     assert rebuilt[0].fold is not None, "not seeded"
     assert rebuilt[0].state == fold_run(events[:-1]).state  # type: ignore[union-attr]
+
+
+def test_clearing_the_run_views_leaves_the_stores_other_views() -> None:
+    """An API instance seeds its Run views (projections.service.seed_run_views) in the store
+    where it keeps trajectory, watchdog and renewal views too: only the Run's keys go."""
+    events = walk([("claim", 0, 0), ("renew", 1, 1000)]).events
+    store = MemoryStore()
+    views = RunViewStore(store, _CODEC)
+    views.begin_rebuild()
+    views.write_entries([(e.run_id, e.version, _encoded(e)) for e in events])  # a seeding cut short
+    views.apply(records_of(events))
+    assert views.offsets() and any(True for _ in store.scan("fold/"))
+    others = {"tfold/x": b"1", "wfold/y": b"2", "renewal/r/1": b"3", "offset/trajectories.events/0": b"4"}
+    store.write(others)
+    views.clear_runs()
+    assert dict(store.scan("")) == others
+    assert views.offsets() == {}
+    views.apply(records_of(events))  # and the views build again from there
+    assert views.fold(events[0].run_id) == _fold_of(events).fold(events[0].run_id)
