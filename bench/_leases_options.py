@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from bench._leases_io import CLIENTS
-from bench._leases_system import LEASE_SECONDS
+from bench._leases_system import LEASE_SECONDS, keepalive_fraction
 
 __all__ = ["parse_args"]
 
@@ -95,6 +95,11 @@ def parse_args(argv: list[str] | None, description: str | None) -> argparse.Name
         parser.error(f"--heartbeat-seconds: whole seconds from 1 to {LEASE_SECONDS // 2}")
     if not 0 <= args.logged_every <= 20:
         parser.error("--logged-every: 0 to 20")
+    if args.logged_every and keepalive_fraction(args.logged_every, min(args.steps)) >= 1:
+        parser.error(
+            f"--logged-every {args.logged_every} at a {min(args.steps)} s heartbeat needs a keepalive "
+            f"fraction of 1 or more ({LEASE_SECONDS} s leases): log more often or shorten the heartbeat"
+        )
     if args.warm_up_seconds is not None and not 0 <= args.warm_up_seconds <= 600:
         parser.error("--warm-up-seconds: 0 to 600")
     return args

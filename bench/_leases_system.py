@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 TENANT = "bench"
-LEASE_SECONDS = 90  # renewal runs with --lease-ratio 0: no lease of a step goes at risk (45 s) or expires
+LEASE_SECONDS = 90  # renewal runs: long enough that no lease of a step goes at risk (45 s) or expires
 
 
 def keepalive_fraction(logged_every: int, heartbeat_s: int) -> float:

@@ -89,12 +89,12 @@ class _Schedule:
             return self.warm_up, self.start
         return self.step, self.t0
 
-    def first_slot(self, i: int, of: int) -> float:
-        """The i-th of `of` schedules' first slot; counts its slots into each phase's `scheduled`
-        (with the same float steps as `due`)."""
+    def first_slot(self, i: int, of: int, leases: int = 1) -> float:
+        """The i-th of `of` schedules' first slot; counts its slots, `leases` renewals each, into
+        each phase's `scheduled` (with the same float steps as `due`)."""
         slot = due = self.start + self.interval * i / of
         while due < self.end:
-            self.phase(due)[0].scheduled += 1
+            self.phase(due)[0].scheduled += leases
             due += self.interval
         return slot
 
@@ -216,7 +216,7 @@ async def batch_window(
     schedule.call_at_window(at_window)
 
     async def run(g: int, group: list[Held]) -> None:
-        http, slot = clients[g % runners], schedule.first_slot(g, len(groups))
+        http, slot = clients[g % runners], schedule.first_slot(g, len(groups), len(group))
         while slot < schedule.end:
             sent, sent_wall_ms = await schedule.until(slot)
             into, t_phase = schedule.phase(slot)

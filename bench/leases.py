@@ -261,8 +261,11 @@ async def renewal_step(
         marks: dict[str, Any] = {}
 
         async def window_marks() -> None:
-            marks["metrics"] = await decision_wait(http, "RenewLease")
-            marks["ends"] = await asyncio.to_thread(end_offsets, bootstrap)
+            # The log's ends first (the events and markers of the window count from them), the
+            # API's metrics beside them: an HTTP call to an API under load can take a while.
+            marks["ends"], marks["metrics"] = await asyncio.gather(
+                asyncio.to_thread(end_offsets, bootstrap), decision_wait(http, "RenewLease")
+            )
 
         def at_window() -> None:  # the measured window begins: the CPU meters and the log's ends
             marks.update(cpu=cpu.snapshot(), threads=cpu.threads.snapshot(), t0=time.monotonic())

@@ -221,6 +221,7 @@ class ApiProjection:
                 f"the API's own views store {path} cannot be opened ({exc}); two API instances on "
                 "one state dir need distinct TENURE_INSTANCE_IDs"
             ) from exc
+        self._codec = codec
         self.runs = RunViewStore(self.store, codec)
         self.trajectories = TrajectoryViewStore(self.store, codec)
         self.watchdogs = WatchdogViewStore(self.store, codec)
@@ -323,7 +324,7 @@ class ApiProjection:
 
         self._seeding = (0, 0)
         try:
-            report = seed_run_views(self._bootstrap, self.runs, progress)
+            report = seed_run_views(self._bootstrap, self.runs, self._codec, progress)
         finally:
             self._seeding = None
         if report is not None:

@@ -261,6 +261,7 @@ def rebuild(
 def seed_run_views(
     bootstrap_servers: str,
     views: RunViewStore,
+    codec: MessageCodec,
     progress: Callable[[int, int], None] | None = None,
 ) -> RebuildReport | None:
     """Before a store follows runs.events: if it has folded none of it (a new API instance, or a
@@ -272,7 +273,7 @@ def seed_run_views(
         return None
     started = time.monotonic()
     views.clear_runs()
-    report = rebuild_seeded(bootstrap_servers, views, MessageCodec(), progress)
+    report = rebuild_seeded(bootstrap_servers, views, codec, progress)
     return RebuildReport(
         report.events, report.runs, time.monotonic() - started, report.seeded, report.changelog_records
     )

@@ -28,7 +28,7 @@ from services.common.broker import free_port, start_broker
 from services.common.contracts import RunEvent
 from services.common.kafka import OutboundRecord, TopicFollower, TransactionalWriter, create_topics
 from services.common.messages import MessageCodec
-from services.common.store import MemoryStore
+from services.common.store import MemoryStore, RocksStore
 from services.common.topics import (
     RUNS_EVENTS,
     RUNS_RENEWALS,
@@ -248,5 +248,42 @@ def test_a_new_api_instance_seeds_its_run_views_and_a_restart_continues_from_its
         assert seeded & stepped, "some seeded runs had events since"
         still = {k for k, v in projection.store.scan("fold/") if v == SEEDED_FOLD}
         assert still == seeded - stepped, "a restart follows on; it does not seed again"
+    finally:
+        projection.close()
+
+
+def test_an_api_instance_whose_seeding_was_cut_short_seeds_again_and_keeps_its_other_keys(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    """A seeding cut short (the API killed mid-way: history written, no folds, no offsets) is
+    seeded again at the next start, and only the Run's keys are replaced."""
+    walks = _walks(20, 15, random.Random(18), "cut")
+    coordinator = _Coordinator(bootstrap)
+    try:
+        coordinator.commit(_interleaved([w.events for w in walks]), per_unit=20)
+    finally:
+        coordinator.close()
+    full = RunViewStore(MemoryStore(), _CODEC)
+    rebuild(bootstrap, full, seeded=False)
+
+    path = tmp_path / "api-views"
+    path.mkdir(parents=True)
+    store = RocksStore(path)
+    cut = RunViewStore(store, _CODEC)
+    cut.begin_rebuild()
+    half = walks[0].events[: len(walks[0].events) // 2 + 1]
+    cut.write_entries(
+        [(e.run_id, e.version, _CODEC.outbound(RUNS_EVENTS.name, e.run_id, e).value) for e in half]
+    )
+    store.write({"test/another-view": b"kept"})
+    assert cut.offsets() == {}
+    store.close()
+
+    projection = ApiProjection(bootstrap, path, _CODEC)
+    try:
+        _caught_up(projection)
+        assert any(v == SEEDED_FOLD for _, v in projection.store.scan("fold/")), "seeded again"
+        assert projection.runs.all_views() == full.all_views()
+        assert projection.store.get("test/another-view") == b"kept"
     finally:
         projection.close()
