@@ -74,7 +74,7 @@ def parse_args(argv: list[str] | None, description: str | None) -> argparse.Name
         type=float,
         default=None,
         help="heartbeats before each measured window, on a row of their own (default: 3 heartbeats, "
-        "at least 3 s): each run's first heartbeat starts it, so without a warm-up every run of the "
+        "at least 10 s): each run's first heartbeat starts it, so without a warm-up every run of the "
         "step starts inside the window (0: none, the figures before 2026-12-06)",
     )
     parser.add_argument(

@@ -14,7 +14,7 @@ One invocation, one broker, phases in this order (see bench/README.md, docs/benc
       90 s leases; the coordinator logs one renewal in three at the shortest H, as Tenure's
       defaults do at a 20 s heartbeat: --logged-every), then S simulated runners (one aiohttp
       pool each, --client httpx to compare) heartbeat them, each run every H seconds, phases
-      spread evenly over H (R/H renewals/s offered): a warm-up of 3 H (at least 3 s; each run's
+      spread evenly over H (R/H renewals/s offered): a warm-up of 3 H (at least 10 s; each run's
       first heartbeat starts it) on a row of its own, then D measured seconds
       (bench/_leases_windows.py); K more runs are claimed with a 2 s lease a third of the way
       in, to measure expiry detection under that load; every step but the last ends by
@@ -249,7 +249,7 @@ async def renewal_step(
         if not held:
             raise RuntimeError(f"{label}: no claim succeeded: {dict(claims.answers)}")
 
-        warm_s = max(3.0, 3.0 * heartbeat_s) if args.warm_up_seconds is None else args.warm_up_seconds
+        warm_s = max(10.0, 3.0 * heartbeat_s) if args.warm_up_seconds is None else args.warm_up_seconds
         if warm_s > 0:  # why: bench/_leases_windows.py
             step.warm_up = StepResult(heartbeat_s, len(held), args.runners, warm_s, claims)
         say(
@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             + (f" coordinators={args.coordinators}" if args.coordinators > 1 else "")
             + (f" tenants={args.tenants}" if args.tenants > 1 else "")
             + f" logged-every={args.logged_every}"
-            + (" warm-up=3H" if args.warm_up_seconds is None else f" warm-up={args.warm_up_seconds:g}")
+            + (" warm-up=10s|3H" if args.warm_up_seconds is None else f" warm-up={args.warm_up_seconds:g}")
         )
         if args.output != "-":
             output = Path(args.output) if Path(args.output).is_absolute() else repo_root() / args.output
