@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,15 +159,26 @@ def ensure_jars(cache_dir: Path | None = None) -> Path:
 _LISTEN_PORTS = range(20_000, 32_000)
 
 
+# Ports this process handed out lately. A caller binds its port later (a service it starts may
+# take seconds to), so the same port must not go to two callers in between: two services of one
+# system were once given the same port, and the second one's health server answered for the
+# first (a test's POST /runs got a 404 from it).
+_HANDED_OUT: deque[int] = deque(maxlen=1024)
+
+
 def free_port() -> int:
-    """A TCP port nothing listens on right now, outside the ephemeral range."""
+    """A TCP port nothing listens on right now, outside the ephemeral range, and none of the last
+    ones this process handed out."""
     for _ in range(200):
         port = random.choice(_LISTEN_PORTS)
-        if _port_free(port):
+        if port not in _HANDED_OUT and _port_free(port):
+            _HANDED_OUT.append(port)
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:  # a crowded range: any
         probe.bind((HOST, 0))
-        return int(probe.getsockname()[1])
+        port = int(probe.getsockname()[1])
+    _HANDED_OUT.append(port)
+    return port
 
 
 def _port_free(port: int) -> bool:
