@@ -251,9 +251,7 @@ def rebuild(
     started = time.monotonic()
     views.clear()
     if seeded:
-        report = rebuild_seeded(bootstrap_servers, views, MessageCodec(), progress)
-        seconds = time.monotonic() - started
-        return RebuildReport(report.events, report.runs, seconds, report.seeded, report.changelog_records)
+        return _seeded(bootstrap_servers, views, MessageCodec(), progress, started)
     seen = _refold(bootstrap_servers, RUNS_EVENTS.name, views.apply, progress, started)
     return RebuildReport(events=seen, runs=views.count(), seconds=time.monotonic() - started)
 
@@ -273,10 +271,19 @@ def seed_run_views(
         return None
     started = time.monotonic()
     views.clear_runs()
+    return _seeded(bootstrap_servers, views, codec, progress, started)
+
+
+def _seeded(
+    bootstrap_servers: str,
+    views: RunViewStore,
+    codec: MessageCodec,
+    progress: Callable[[int, int], None] | None,
+    started: float,
+) -> RebuildReport:
     report = rebuild_seeded(bootstrap_servers, views, codec, progress)
-    return RebuildReport(
-        report.events, report.runs, time.monotonic() - started, report.seeded, report.changelog_records
-    )
+    seconds = time.monotonic() - started
+    return RebuildReport(report.events, report.runs, seconds, report.seeded, report.changelog_records)
 
 
 def rebuild_trajectories(
