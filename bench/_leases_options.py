@@ -78,6 +78,14 @@ def parse_args(argv: list[str] | None, description: str | None) -> argparse.Name
         "step starts inside the window (0: none, the figures before 2026-12-06)",
     )
     parser.add_argument(
+        "--start-at-claim",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="send each run's first heartbeat (which starts it, on runs.events) right after its "
+        "claim, so runs start at the claim rate; --no-start-at-claim leaves every start to the "
+        "warm-up's first H (the figures before 2026-12-06 noon)",
+    )
+    parser.add_argument(
         "--output",
         default="docs/benchmarks.md",
         help="markdown file whose section for this configuration is replaced or added ('-' writes nothing)",

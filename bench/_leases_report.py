@@ -91,14 +91,16 @@ def render(
     batched = f" in batches of {batch} (POST /leases:renew)" if batch else ""
     for s in steps:
         c = s.claims
+        started = "; then its first heartbeat, which starts it (on runs.events)" if s.started_at_claim else ""
         lines.append(
-            f"| (r) H={s.heartbeat_s}s | claim: POST /runs/{{id}}/attempts | {c.count:,} | "
-            f"{c.seconds:.2f} | {c.count / c.seconds:,.0f}/s | {_lat(c.ok_ms)} | - |"
+            f"| (r) H={s.heartbeat_s}s | claim: POST /runs/{{id}}/attempts{started} (latency: the claim) "
+            f"| {c.count:,} | {c.seconds:.2f} | {c.count / c.seconds:,.0f}/s | {_lat(c.ok_ms)} | - |"
         )
         if (warm := s.warm_up) is not None:
+            first = "" if s.started_at_claim else "; each run's first starts it (on runs.events)"
             lines.append(
-                f"| (r) H={s.heartbeat_s}s | warm-up: {warm.duration_s:g} s of heartbeats{batched}; each "
-                f"run's first starts it (on runs.events) | {warm.acked:,} | {warm.heartbeats.seconds:.2f} | "
+                f"| (r) H={s.heartbeat_s}s | warm-up: {warm.duration_s:g} s of heartbeats{batched}"
+                f"{first} | {warm.acked:,} | {warm.heartbeats.seconds:.2f} | "
                 f"{warm.achieved:,.0f}/s | {_lat(warm.heartbeats.ok_ms)} | - |"
             )
         lines.append(

@@ -56,6 +56,7 @@ class StepResult:
     expiry: ExpiryResult | None = None
     release: Calls | None = None
     warm_up: StepResult | None = None  # the heartbeats before the window (--warm-up-seconds)
+    started_at_claim: bool = False  # each run's first heartbeat was sent right after its claim
 
     @property
     def offered(self) -> float:

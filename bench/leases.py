@@ -85,6 +85,7 @@ from services.common.eventlog import MemoryEventLog
 from services.common.ids import command_id_for
 from services.common.kafka import InboundRecord, OutboundRecord
 from services.common.messages import MessageCodec
+from services.common.routing import partition_for_run
 from services.common.settings import repo_root
 from services.common.store import RocksStore
 from services.common.topics import RUNS_COMMANDS
@@ -166,8 +167,8 @@ def bench_logic(runs: int, workdir: Path) -> LogicResult:
 
     def handle(records: list[OutboundRecord]) -> float:
         inbound = []
-        for i, record in enumerate(records):
-            p = i % partitions  # a run keeps its partition: records come in the same run order
+        for record in records:
+            p = partition_for_run(record.key.decode(), partitions)  # where the API would route it
             inbound.append(
                 InboundRecord(RUNS_COMMANDS.name, p, offsets[p], record.key, record.value, record.headers)
             )
@@ -242,10 +243,17 @@ async def renewal_step(
         say(f"(r) {label}: claiming {len(run_ids)} runs, {args.concurrency} at a time")
         before, t0 = cpu.snapshot(), time.monotonic()
         held, claims = await claim_all(
-            http, run_ids, "bench-runner", LEASE_SECONDS, heartbeat_s, args.concurrency
+            http,
+            run_ids,
+            "bench-runner",
+            LEASE_SECONDS,
+            heartbeat_s,
+            args.concurrency,
+            start=args.start_at_claim,
         )
         cpu.measure(f"(r) {label}: claim {len(run_ids)}", before, time.monotonic() - t0)
         step = StepResult(heartbeat_s, len(held), args.runners, args.duration, claims)
+        step.started_at_claim = args.start_at_claim
         if not held:
             raise RuntimeError(f"{label}: no claim succeeded: {dict(claims.answers)}")
 
@@ -413,6 +421,7 @@ def main(argv: list[str] | None = None) -> int:
             + (f" tenants={args.tenants}" if args.tenants > 1 else "")
             + f" logged-every={args.logged_every}"
             + (" warm-up=10s|3H" if args.warm_up_seconds is None else f" warm-up={args.warm_up_seconds:g}")
+            + (" starts=at-claim" if args.start_at_claim else "")
         )
         if args.output != "-":
             output = Path(args.output) if Path(args.output).is_absolute() else repo_root() / args.output

@@ -189,10 +189,6 @@ class LogEnds:
         self._cond.notify_all()
 
 
-class _Closing(Exception):
-    """Raised from a seeding's progress when the projection closes: the seeding stops there."""
-
-
 class ApiProjection:
     """Follows the view topics into this instance's own store, one thread per topic."""
 
@@ -256,7 +252,8 @@ class ApiProjection:
         with self._ends_lock:  # one admin client, one query at a time
             if self._ends_query is None:
                 self._ends_query = CommittedEnds(self._bootstrap)
-        return self._ends_query.ends(topic)
+            query = self._ends_query  # close() may drop it while this query runs
+        return query.ends(topic)
 
     def barrier(self, topic: str, timeout_s: float) -> bool:
         """Wait until this instance has folded `topic` up to where it ends now; False: not in time."""
@@ -311,20 +308,20 @@ class ApiProjection:
         """A new instance (no runs.events offsets) builds its Run views seeded from the state
         changelog before it follows, instead of folding every event (issue 16); a restart with
         offsets continues from them. A seeding cut short (a crash, close) stored no offsets, so
-        the next start seeds again."""
+        the next start seeds again: close stops it (RebuildStopped, which `_follow` ends on)."""
         last_said = [time.monotonic()]
 
         def progress(seen: int, total: int) -> None:
             self._seeding = (seen, total)
-            if self._stop.is_set():
-                raise _Closing("the API closed while seeding its Run views")
             if time.monotonic() - last_said[0] >= 5.0:
                 last_said[0] = time.monotonic()
                 log.info("seeding the API's Run views: %d of %d runs.events records read", seen, total)
 
         self._seeding = (0, 0)
         try:
-            report = seed_run_views(self._bootstrap, self.runs, self._codec, progress)
+            report = seed_run_views(
+                self._bootstrap, self.runs, self._codec, progress, stop=self._stop, ends_of=self._query_ends
+            )
         finally:
             self._seeding = None
         if report is not None:

@@ -41,7 +41,7 @@ class MessageCodec:
             topic=topic,
             key=key.encode("utf-8"),
             value=self._registry.encode(full_name, to_record(message)),
-            headers=tuple(self._registry.headers_for(full_name)),
+            headers=self._registry.header_tuple(full_name),
             partition=partition,
         )
 

@@ -59,7 +59,7 @@ from services.lease_coordinator.state_codec import STATE_FORMAT, decode_state
 from services.projections.store import RebuiltRun, RunViewStore
 from services.projections.views import LeaseMark, stop_after
 
-__all__ = ["SeededRebuild", "Seeds", "rebuild_seeded"]
+__all__ = ["RebuildStopped", "SeededRebuild", "Seeds", "rebuild_seeded"]
 
 log = logging.getLogger("tenure.projections")
 
@@ -73,6 +73,15 @@ _POLL = 10_000
 # how it learns that only transaction markers are left; waiting long for one is waiting for nothing.
 _POLL_WAIT_S = 0.02
 _ENTRIES_PER_WRITE = 50_000
+# How often the stop event is looked at while runs are rebuilt, and while the changelog is awaited.
+_RUNS_PER_STOP_CHECK = 1_000
+_STOP_CHECK_S = 0.1
+
+
+class RebuildStopped(Exception):
+    """The caller's stop event was set: the rebuild stopped where it was. It wrote no offsets, so
+    the store still reads as being rebuilt (`RunViewStore.begin_rebuild`), and the next start
+    rebuilds again."""
 
 
 @dataclass
@@ -118,16 +127,26 @@ def rebuild_seeded(
     codec: MessageCodec,
     progress: Callable[[int, int], None] | None = None,
     timeout_s: float = 600.0,
+    *,
+    stop: threading.Event | None = None,
+    ends_of: Callable[[str], Mapping[int, int]] | None = None,
 ) -> SeededRebuild:
-    """Rebuild `views` (emptied by the caller) from runs.states and runs.events (module docstring)."""
+    """Rebuild `views` (emptied by the caller) from runs.states and runs.events (module docstring).
+
+    `stop`: once set, the rebuild raises RebuildStopped at its next look (every poll, every
+    `_RUNS_PER_STOP_CHECK` runs, every `_STOP_CHECK_S` of waiting for the changelog), so a
+    process that closes is not held by a rebuild of a long log. `ends_of(topic)`: the caller's
+    query of where a topic's committed records end (an API instance has one open already);
+    by default a CommittedEnds of the rebuild's own."""
     started = time.monotonic()
+    stopping = stop if stop is not None else threading.Event()
     follower = TopicFollower(bootstrap_servers, [RUNS_EVENTS.name], "beginning", "tenure-rebuild", bulk=True)
     with no_cycle_collection():
         with closing(follower):
             # One ListOffsets request for the committed ends: the bulk consumer's watermark
             # query per partition waits its fetch wait (~0.5 s each; a new API instance seeds
             # on every start with an empty store, so a small log must not take seconds).
-            ends = CommittedEnds(bootstrap_servers).ends(RUNS_EVENTS.name)
+            ends = (ends_of or CommittedEnds(bootstrap_servers).ends)(RUNS_EVENTS.name)
             targets = {p: end for p, end in ends.items() if end > 0}
             # The changelog is read on a thread of its own while the log is read here: both are
             # mostly waiting for fetches, and its seeds are only needed once the log is read.
@@ -136,6 +155,7 @@ def rebuild_seeded(
             scan = _LogScan(codec, targets)
             progressed_at = time.monotonic()
             while not scan.finished():
+                _check(stopping)
                 values = follower.poll_values(_POLL, _POLL_WAIT_S)
                 if values:
                     scan.take(values)
@@ -150,8 +170,9 @@ def rebuild_seeded(
                 if progress is not None:
                     progress(scan.seen, sum(targets.values()))
             views.write_entries(scan.entries)
-        seeds = seeding.result(timeout_s)
-        rebuilt = _rebuilt_runs(views, scan.runs, seeds, codec)
+        seeds = seeding.result(timeout_s, stopping)
+        rebuilt = _rebuilt_runs(views, scan.runs, seeds, codec, stopping)
+        _check(stopping)
         views.write_rebuilt(rebuilt, {p: scan.done.get(p, 0) for p in targets})
     seeded = sum(1 for run in rebuilt if run.fold is None)
     log.info(
@@ -164,6 +185,11 @@ def rebuild_seeded(
         len(rebuilt) - seeded,
     )
     return SeededRebuild(scan.seen, len(rebuilt), seeded, seeds.records)
+
+
+def _check(stop: threading.Event) -> None:
+    if stop.is_set():
+        raise RebuildStopped("the rebuild was asked to stop")
 
 
 class _LogScan:
@@ -262,10 +288,15 @@ class _SeedReader:
         except Exception as exc:  # reported by result(), which then seeds nothing
             self._failure = exc
 
-    def result(self, timeout_s: float) -> Seeds:
+    def result(self, timeout_s: float, stop: threading.Event) -> Seeds:
         """The seeds; none when the changelog could not be read (a missing topic, an outage):
-        every run is then folded from its history, which gives the same views, only slower."""
-        self._thread.join(timeout_s)
+        every run is then folded from its history, which gives the same views, only slower.
+        RebuildStopped when `stop` is set while waiting (the reading thread is a daemon, and
+        ends with its reads)."""
+        deadline = time.monotonic() + timeout_s
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            _check(stop)
+            self._thread.join(min(_STOP_CHECK_S, max(0.0, deadline - time.monotonic())))
         if self._thread.is_alive() or self._failure is not None or self._seeds is None:
             why = "not read in time" if self._thread.is_alive() else f"unreadable: {self._failure!r}"
             log.warning("the state changelog was %s; every run is folded from its history", why)
@@ -309,12 +340,18 @@ def _decodes(codec: MessageCodec, value: bytes) -> bool:
 
 
 def _rebuilt_runs(
-    views: RunViewStore, runs: Mapping[str, _Run], seeds: Seeds, codec: MessageCodec
+    views: RunViewStore,
+    runs: Mapping[str, _Run],
+    seeds: Seeds,
+    codec: MessageCodec,
+    stop: threading.Event | None = None,
 ) -> list[RebuiltRun]:
     """Each run seeded from its changelog state when that state is at its last version, else
     folded from its history."""
     rebuilt: list[RebuiltRun] = []
-    for run_id, run in runs.items():
+    for count, (run_id, run) in enumerate(runs.items()):
+        if stop is not None and count % _RUNS_PER_STOP_CHECK == 0:
+            _check(stop)
         state = seeds.state_of(run_id, run)
         if state is not None and state.version == run.version and _decodes(codec, run.last_value):
             rebuilt.append(RebuiltRun(None, state, run.stop, tuple(run.leases), run.claimed_by))

@@ -16,14 +16,14 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 from services.common.health import Check, ProjectionMetrics
 from services.common.kafka import CommandPublisher, InboundRecord, TopicFollower
 from services.common.messages import MessageCodec, UndecodableRecord, deadletter_of
 from services.common.store import RocksStore
 from services.common.topics import DEADLETTER, RUNS_EVENTS, TRAJECTORIES_EVENTS, WATCHDOG_EVENTS
-from services.projections.seeded_rebuild import rebuild_seeded
+from services.projections.seeded_rebuild import RebuildStopped, rebuild_seeded
 from services.projections.store import RunViewStore
 from services.projections.trajectory_store import TrajectoryViewStore
 from services.projections.watchdog_store import WatchdogViewStore
@@ -31,6 +31,7 @@ from services.projections.watchdog_store import WatchdogViewStore
 __all__ = [
     "FollowProgress",
     "RebuildReport",
+    "RebuildStopped",
     "follow",
     "rebuild",
     "rebuild_trajectories",
@@ -261,17 +262,21 @@ def seed_run_views(
     views: RunViewStore,
     codec: MessageCodec,
     progress: Callable[[int, int], None] | None = None,
+    *,
+    stop: threading.Event | None = None,
+    ends_of: Callable[[str], Mapping[int, int]] | None = None,
 ) -> RebuildReport | None:
     """Before a store follows runs.events: if it has folded none of it (a new API instance, or a
     start-up seeding cut short), build its Run views seeded from the state changelog, about five
     times faster than folding every event (docs/architecture.md, "A rebuild seeded from the state
     changelog"). Only the Run views are replaced: the store's other views stay. None: the store
-    has offsets, and its follower continues from them."""
+    has offsets, and its follower continues from them. `stop` and `ends_of`: as
+    `rebuild_seeded` takes them (RebuildStopped once `stop` is set)."""
     if views.offsets():
         return None
     started = time.monotonic()
     views.clear_runs()
-    return _seeded(bootstrap_servers, views, codec, progress, started)
+    return _seeded(bootstrap_servers, views, codec, progress, started, stop=stop, ends_of=ends_of)
 
 
 def _seeded(
@@ -280,8 +285,11 @@ def _seeded(
     codec: MessageCodec,
     progress: Callable[[int, int], None] | None,
     started: float,
+    *,
+    stop: threading.Event | None = None,
+    ends_of: Callable[[str], Mapping[int, int]] | None = None,
 ) -> RebuildReport:
-    report = rebuild_seeded(bootstrap_servers, views, codec, progress)
+    report = rebuild_seeded(bootstrap_servers, views, codec, progress, stop=stop, ends_of=ends_of)
     seconds = time.monotonic() - started
     return RebuildReport(report.events, report.runs, seconds, report.seeded, report.changelog_records)
 

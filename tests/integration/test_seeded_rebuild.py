@@ -15,6 +15,7 @@ whole (a unit that began at offset 0 of each partition) is this module's to say.
 from __future__ import annotations
 
 import random
+import threading
 import time
 import zlib
 from collections.abc import Iterator
@@ -26,7 +27,13 @@ from services.command_api.projection import ApiProjection
 from services.common.aggregate.changelog import unit_records
 from services.common.broker import free_port, start_broker
 from services.common.contracts import RunEvent
-from services.common.kafka import OutboundRecord, TopicFollower, TransactionalWriter, create_topics
+from services.common.kafka import (
+    CommittedEnds,
+    OutboundRecord,
+    TopicFollower,
+    TransactionalWriter,
+    create_topics,
+)
 from services.common.messages import MessageCodec
 from services.common.store import MemoryStore, RocksStore
 from services.common.topics import (
@@ -39,7 +46,7 @@ from services.common.topics import (
 from services.lease_coordinator.domain import RunState, evolve
 from services.lease_coordinator.state_codec import STATE_FORMAT, encode_state
 from services.projections import seeded_rebuild
-from services.projections.service import rebuild
+from services.projections.service import RebuildStopped, rebuild, seed_run_views
 from services.projections.store import SEEDED_FOLD, RunViewStore
 from tests.unit.run_walks import ACTIONS, ADVANCES, RunWalk
 
@@ -287,3 +294,34 @@ def test_an_api_instance_whose_seeding_was_cut_short_seeds_again_and_keeps_its_o
         assert projection.store.get("test/another-view") == b"kept"
     finally:
         projection.close()
+
+
+def test_a_seeding_stops_when_asked_and_the_next_one_seeds_again(bootstrap: str) -> None:
+    """A seeding whose stop event is set (the API closing mid-way) stops at its next look and
+    writes no offsets, so the next start seeds again; it asks the caller's query where the log
+    ends rather than opening an admin client of its own."""
+    walks = _walks(15, 12, random.Random(19), "stop")
+    coordinator = _Coordinator(bootstrap)
+    try:
+        coordinator.commit(_interleaved([w.events for w in walks]), per_unit=20)
+    finally:
+        coordinator.close()
+    full = RunViewStore(MemoryStore(), _CODEC)
+    rebuild(bootstrap, full, seeded=False)
+
+    ends, asked = CommittedEnds(bootstrap), []
+
+    def ends_of(topic: str) -> dict[int, int]:
+        asked.append(topic)
+        return ends.ends(topic)
+
+    stop = threading.Event()
+    views = RunViewStore(MemoryStore(), _CODEC)
+    with pytest.raises(RebuildStopped):
+        # Asked to stop at the first progress report: after the log's first poll.
+        seed_run_views(bootstrap, views, _CODEC, lambda seen, total: stop.set(), stop=stop, ends_of=ends_of)
+    assert asked == [RUNS_EVENTS.name]
+    assert views.offsets() == {}, "a stopped seeding stores no offsets"
+    report = seed_run_views(bootstrap, views, _CODEC)
+    assert report is not None and report.seeded > 0
+    assert views.all_views() == full.all_views()
