@@ -259,12 +259,8 @@ def test_a_new_api_instance_seeds_its_run_views_and_a_restart_continues_from_its
         projection.close()
 
 
-def test_an_api_instance_whose_seeding_was_cut_short_seeds_again_and_keeps_its_other_keys(
-    bootstrap: str, tmp_path: Path
-) -> None:
-    """A seeding cut short (the API killed mid-way: history written, no folds, no offsets) is
-    seeded again at the next start, and only the Run's keys are replaced."""
-    walks = _walks(20, 15, random.Random(18), "cut")
+def _committed_and_folded(bootstrap: str, walks: list[RunWalk]) -> tuple[list[RunWalk], RunViewStore]:
+    """The walks' events committed as the coordinator commits them, and their full fold."""
     coordinator = _Coordinator(bootstrap)
     try:
         coordinator.commit(_interleaved([w.events for w in walks]), per_unit=20)
@@ -272,6 +268,15 @@ def test_an_api_instance_whose_seeding_was_cut_short_seeds_again_and_keeps_its_o
         coordinator.close()
     full = RunViewStore(MemoryStore(), _CODEC)
     rebuild(bootstrap, full, seeded=False)
+    return walks, full
+
+
+def test_an_api_instance_whose_seeding_was_cut_short_seeds_again_and_keeps_its_other_keys(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    """A seeding cut short (the API killed mid-way: history written, no folds, no offsets) is
+    seeded again at the next start, and only the Run's keys are replaced."""
+    walks, full = _committed_and_folded(bootstrap, _walks(20, 15, random.Random(18), "cut"))
 
     path = tmp_path / "api-views"
     path.mkdir(parents=True)
@@ -300,14 +305,7 @@ def test_a_seeding_stops_when_asked_and_the_next_one_seeds_again(bootstrap: str)
     """A seeding whose stop event is set (the API closing mid-way) stops at its next look and
     writes no offsets, so the next start seeds again; it asks the caller's query where the log
     ends rather than opening an admin client of its own."""
-    walks = _walks(15, 12, random.Random(19), "stop")
-    coordinator = _Coordinator(bootstrap)
-    try:
-        coordinator.commit(_interleaved([w.events for w in walks]), per_unit=20)
-    finally:
-        coordinator.close()
-    full = RunViewStore(MemoryStore(), _CODEC)
-    rebuild(bootstrap, full, seeded=False)
+    _, full = _committed_and_folded(bootstrap, _walks(15, 12, random.Random(19), "stop"))
 
     ends, asked = CommittedEnds(bootstrap), []
 
