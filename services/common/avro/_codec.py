@@ -297,6 +297,11 @@ def _check_record(schema: SchemaVersion, record: dict[str, Any], known: frozense
         # fastavro ignores extra keys; a misspelt optional field would silently take its default.
         unknown = sorted(set(record) - known)
         raise SchemaViolation(schema.full_name, str(unknown[0]), "is not a field of this schema")
+    # First without errors: a union's branches that do not match raise and build an error each
+    # (its message JSON-encoded, with closures that only the cyclic collector frees) even when
+    # a later branch matches. The same check again, with errors, only for a record that fails.
+    if validate(record, schema._working, raise_errors=False):
+        return
     try:
         validate(record, schema._working, raise_errors=True)
     except ValidationError as exc:
