@@ -182,7 +182,6 @@ class SchemaRegistry:
         self._field_names: dict[int, frozenset[str]] = {
             v.fingerprint: frozenset(f["name"] for f in v._working["fields"])
             for v in self._by_fingerprint.values()
-            if isinstance(v._working, dict) and "fields" in v._working
         }
 
     @classmethod
@@ -224,7 +223,7 @@ class SchemaRegistry:
         if not isinstance(record, Mapping):
             raise SchemaViolation(full_name, "<record>", f"expected a mapping, got {type(record).__name__}")
         datum = dict(record)  # one copy, checked and written: the caller's mapping is not touched
-        _check_record(schema, datum, self._field_names.get(schema.fingerprint))
+        _check_record(schema, datum, self._field_names[schema.fingerprint])
         body = io.BytesIO()
         try:
             fastavro.schemaless_writer(body, schema._working, datum)
@@ -290,9 +289,8 @@ class SchemaRegistry:
             raise UnknownSchema(f"no schema named {full_name!r}") from None
 
 
-def _check_record(schema: SchemaVersion, record: dict[str, Any], known: frozenset[str] | None = None) -> None:
-    if known is None:
-        known = frozenset(f["name"] for f in schema._working["fields"])
+def _check_record(schema: SchemaVersion, record: dict[str, Any], known: frozenset[str]) -> None:
+    """`record` against `schema`, whose fields are `known` (every registry schema is a record)."""
     if not known.issuperset(record):
         # fastavro ignores extra keys; a misspelt optional field would silently take its default.
         unknown = sorted(set(record) - known)
