@@ -64,10 +64,11 @@ def parse_args(argv: list[str] | None, description: str | None) -> argparse.Name
     parser.add_argument(
         "--logged-every",
         type=int,
-        default=3,
+        default=0,
         help="at the shortest H, one renewal in this many goes on runs.events (the coordinator's "
-        "keepalive fraction is set for it): 3 is what Tenure's defaults give at a 20 s heartbeat; "
-        "0 leaves the fraction at its default (one in 45 at H=1: the figures before 2026-12-06)",
+        "keepalive fraction is set for it): 3 is what Tenure's defaults gave at a 20 s heartbeat "
+        "until 2026-12-06's evening; 0 (the default) leaves the fraction at Tenure's default (40 "
+        "TTLs: one renewal an hour there, none in a window at H=1)",
     )
     parser.add_argument(
         "--warm-up-seconds",

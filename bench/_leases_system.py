@@ -41,9 +41,10 @@ LEASE_SECONDS = 90  # renewal runs: long enough that no lease of a step goes at 
 def keepalive_fraction(logged_every: int, heartbeat_s: int) -> float:
     """The coordinator's TENURE_LEASE_KEEPALIVE_FRACTION that puts one renewal in `logged_every`
     on runs.events at heartbeat H with LEASE_SECONDS leases: a renewal goes there once the last
-    one there is `fraction` x TTL old. Tenure's defaults (90 s lease, 20 s heartbeat, 0.5) log one
-    renewal in three (at 20 and 40 s kept, at 60 s logged); the bench compresses the heartbeat to
-    1-5 s at the same 90 s lease, where 0.5 would log one in 45 at H=1, so it sets the threshold
+    one there is `fraction` x TTL old. Tenure's defaults until 2026-12-06's evening (90 s lease,
+    20 s heartbeat, 0.5) logged one renewal in three (at 20 and 40 s kept, at 60 s logged); the
+    bench compresses the heartbeat to 1-5 s at the same 90 s lease, where 0.5 would log one in 45
+    at H=1, so for `--logged-every N` it sets the threshold
     to `logged_every` heartbeats (minus half a heartbeat, so jitter does not move a renewal across
     it). One value for the whole run, set from its shortest H: a longer H logs more, not fewer."""
     return (logged_every - 0.5) * heartbeat_s / LEASE_SECONDS

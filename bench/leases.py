@@ -11,8 +11,9 @@ One invocation, one broker, phases in this order (see bench/README.md, docs/benc
       minus lease.expiresAt (the rule's deadline), both on the coordinator's clock;
   (i) five idle seconds: what the processes cost doing nothing;
   (r) per heartbeat interval H: R runs claimed (POST /runs/{id}/attempts, heartbeatSeconds=H,
-      90 s leases; the coordinator logs one renewal in three at the shortest H, as Tenure's
-      defaults do at a 20 s heartbeat: --logged-every), then S simulated runners (one aiohttp
+      90 s leases; the coordinator at its default keepalive fraction, which puts one renewal an
+      hour on runs.events, or, with --logged-every N, one in N at the shortest H: 3 is what the
+      defaults before 2026-12-06's evening gave at a 20 s heartbeat), then S simulated runners (one aiohttp
       pool each, --client httpx to compare) heartbeat them, each run every H seconds, phases
       spread evenly over H (R/H renewals/s offered): a warm-up of 3 H (at least 10 s; each run's
       first heartbeat starts it) on a row of its own, then D measured seconds
@@ -91,7 +92,7 @@ from services.common.routing import partition_for_run
 from services.common.settings import repo_root
 from services.common.store import RocksStore
 from services.common.topics import RUNS_COMMANDS
-from services.lease_coordinator.domain import attempt_id_for
+from services.lease_coordinator.domain import LeasePolicy, attempt_id_for
 from services.lease_coordinator.processor import RunCommandProcessor
 
 __all__ = ["main"]
@@ -426,7 +427,11 @@ def main(argv: list[str] | None = None) -> int:
             + (f" batch={args.batch}" if args.batch else "")
             + (f" coordinators={args.coordinators}" if args.coordinators > 1 else "")
             + (f" tenants={args.tenants}" if args.tenants > 1 else "")
-            + f" logged-every={args.logged_every}"
+            + (
+                f" logged-every={args.logged_every}"
+                if args.logged_every
+                else f" keepalive-ttls={LeasePolicy().keepalive_fraction:g}"
+            )
             + (" warm-up=10s|3H" if args.warm_up_seconds is None else f" warm-up={args.warm_up_seconds:g}")
             + (" starts=at-claim" if args.start_at_claim else "")
         )

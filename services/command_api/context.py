@@ -74,7 +74,7 @@ from services.common.topics import (
     WATCHDOG_REJECTIONS,
 )
 from services.common.tracing import annotate
-from services.projections.renewal_store import with_kept_renewals
+from services.projections.renewal_store import view_with_kept_renewals
 from services.quarantine.view import QuarantineBoard
 from services.schedules.view import ScheduleBoard
 
@@ -371,14 +371,7 @@ class ApiContext:
         if not view.get("lease") and not view.get("leaseHistory"):
             return view
         kept = await self.in_thread("the renewal history", self.deps.views.kept_renewals, run_id)
-        if not kept:
-            return view
-        lease = view.get("lease")
-        return {
-            **view,
-            "lease": with_kept_renewals(lease, kept) if lease else lease,
-            "leaseHistory": [with_kept_renewals(old, kept) for old in view.get("leaseHistory", [])],
-        }
+        return view_with_kept_renewals(view, kept)
 
     async def trajectory_view(self, run_id: str) -> dict[str, Any] | None:
         return await self.in_thread("the trajectory views", self.deps.views.trajectory, run_id)

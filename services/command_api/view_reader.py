@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import dataclasses
 import threading
 import time
 from contextvars import ContextVar
@@ -30,8 +31,8 @@ from services.common.decisions import FollowerHealth
 from services.common.messages import MessageCodec
 from services.common.store import KeyValueStore
 from services.common.topics import RUNS_EVENTS, RUNS_RENEWALS, TRAJECTORIES_EVENTS, WATCHDOG_EVENTS
-from services.projections.renewal_store import RenewalHistoryStore
-from services.projections.store import RunViewStore
+from services.projections.renewal_store import RenewalHistoryStore, view_with_kept_renewals
+from services.projections.store import Page, RunViewStore
 from services.projections.trajectory_store import TrajectoryViewStore
 from services.projections.watchdog_store import WatchdogViewStore
 
@@ -207,11 +208,16 @@ class ViewReader:
 
     def kept_renewals(self, run_id: str) -> dict[int, list[dict[str, Any]]]:
         """The run's renewals on runs.renewals, by epoch (LEASE-2), everything on it as of now folded."""
+        history = self._renewal_history()
+        return history.of(run_id) if history is not None else {}
+
+    def _renewal_history(self) -> RenewalHistoryStore | None:
+        """The renewal history, with everything on runs.renewals as of now folded."""
         if self._projection is None:
             self._runs()
-            return self._renewals.of(run_id) if self._renewals is not None else {}
+            return self._renewals
         self._barrier(RUNS_RENEWALS.name)
-        return self._projection.renewals.of(run_id)
+        return self._projection.renewals
 
     def views(self, run_ids: builtins.list[str]) -> dict[str, dict[str, Any] | None]:
         """`get` of each run, with at most one wait for the fold."""
@@ -226,9 +232,21 @@ class ViewReader:
         self._barrier(RUNS_EVENTS.name)
         return self._runs().brief(run_id)
 
-    def list(self, status: str | None, limit: int, cursor: str | None) -> Any:
+    def list(self, status: str | None, limit: int, cursor: str | None) -> Page:
+        """A page of Run views, each lease with its kept renewals merged in, as GET /runs/{id}
+        serves it (issue 16: most renewals are on runs.renewals, not runs.events)."""
         self._barrier(RUNS_EVENTS.name)
-        return self._runs().list(status, limit, cursor)
+        page = self._runs().list(status, limit, cursor)
+        if not any(_leased(view) for view in page.items):
+            return page
+        history = self._renewal_history()
+        if history is None:
+            return page
+        merged = [
+            view_with_kept_renewals(view, history.of(view["runId"])) if _leased(view) else view
+            for view in page.items
+        ]
+        return dataclasses.replace(page, items=merged)
 
     def held_by(self, principal: str) -> dict[str, str]:
         """{run id: claiming command id} of the runs whose lease `principal` holds, with everything
@@ -334,3 +352,7 @@ def _unavailable(detail: str) -> ApiProblem:
         headers={"Retry-After": str(_RETRY_AFTER_S)},
         retryAfterSeconds=_RETRY_AFTER_S,
     )
+
+
+def _leased(view: dict[str, Any]) -> bool:
+    return bool(view.get("lease") or view.get("leaseHistory"))

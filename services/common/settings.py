@@ -130,11 +130,14 @@ class TenureSettings(KafkaSettings):
     heartbeat_seconds: int = Field(default=20, ge=1, le=1800, description="Default heartbeat interval.")
     lease_at_risk_fraction: float = Field(default=0.5, gt=0, lt=1)
     lease_keepalive_fraction: float = Field(
-        default=0.5,
+        # LeasePolicy's KEEPALIVE_SUMMARY_TTLS and MAX_KEEPALIVE_TTLS (tests/unit/test_settings.py).
+        default=40.0,
         ge=0,
-        lt=1,
+        le=1000,
+        allow_inf_nan=False,
         description="A renewal stays off runs.events (on runs.renewals) while the lease's last renewal "
-        "there is younger than this fraction of its TTL; 0: every renewal on runs.events (issue 16).",
+        "there is younger than this many TTLs (40: an hour at the default 90 s lease); 0: every "
+        "renewal on runs.events (issue 16).",
     )
     timer_interval_s: float = Field(default=0.1, gt=0, le=5)
     stop_grace_seconds: float = Field(

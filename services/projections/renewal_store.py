@@ -24,7 +24,7 @@ from services.common.messages import MessageCodec, UndecodableRecord
 from services.common.store import KeyValueStore
 from services.common.topics import RUNS_RENEWALS
 
-__all__ = ["RenewalHistoryStore", "with_kept_renewals"]
+__all__ = ["RenewalHistoryStore", "view_with_kept_renewals", "with_kept_renewals"]
 
 _OFFSETS = f"offset/{RUNS_RENEWALS.name}/"
 _LEASE_RENEWED = full_name_of(LeaseRenewed)
@@ -100,3 +100,15 @@ def with_kept_renewals(lease: dict[str, Any], kept: dict[int, list[dict[str, Any
     if lease.get("certainty") == "active" and renewals:
         merged["expiresAt"] = max(int(lease.get("expiresAt") or 0), int(renewals[-1]["expiresAt"]))
     return merged
+
+
+def view_with_kept_renewals(view: dict[str, Any], kept: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
+    """A Run view with `with_kept_renewals` applied to its lease and every earlier one."""
+    if not kept:
+        return view
+    lease = view.get("lease")
+    return {
+        **view,
+        "lease": with_kept_renewals(lease, kept) if lease else lease,
+        "leaseHistory": [with_kept_renewals(old, kept) for old in view.get("leaseHistory", [])],
+    }

@@ -1,10 +1,11 @@
 """The lease bench's renewal mix (bench/_leases_system.keepalive_fraction; issue 16).
 
 The issue's load is 100,000 runs at Tenure's default 20 s heartbeat and 90 s lease, where the
-coordinator puts one renewal in three on runs.events and keeps the rest on runs.renewals. The
-bench compresses the heartbeat to 1-5 s at the same 90 s lease and sets the keepalive fraction so
-that its shortest heartbeat gets the same mix. These tests run the real processor on its
-in-memory twins to show that both mixes are what the bench says they are.
+coordinator puts one renewal an hour on runs.events (one in 180; one in three before the evening
+of 2026-12-06) and keeps the rest on runs.renewals. The bench compresses the heartbeat to 1-5 s
+at the same 90 s lease; `--logged-every N` sets the keepalive fraction so that its shortest
+heartbeat puts one in N there. These tests run the real processor on its in-memory twins to show
+that the mixes are what the bench says they are.
 """
 
 from __future__ import annotations
@@ -44,8 +45,14 @@ def renewals_on_the_log(lease_s: int, heartbeat_s: int, fraction: float, renewal
     return sum(1 for e in on_log if isinstance(e, LeaseRenewed)) - 1
 
 
-def test_tenures_defaults_put_one_renewal_in_three_on_runs_events() -> None:
-    assert renewals_on_the_log(90, 20, LeasePolicy().keepalive_fraction, renewals=30) == 10
+def test_tenures_defaults_put_one_renewal_an_hour_on_runs_events() -> None:
+    # 40 TTLs of 90 s: at a 20 s heartbeat, one renewal in 180 (an hour), the rest on runs.renewals.
+    assert renewals_on_the_log(90, 20, LeasePolicy().keepalive_fraction, renewals=400) == 2
+
+
+def test_the_defaults_before_2026_12_06_evening_put_one_renewal_in_three_there() -> None:
+    # `--logged-every 3` (the bench's figures at "the defaults' mix" until then) is this mix.
+    assert renewals_on_the_log(90, 20, 0.5, renewals=30) == 10
 
 
 @pytest.mark.parametrize(("heartbeat_s", "every"), [(1, 3), (2, 2), (5, 1)])

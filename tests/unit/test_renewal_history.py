@@ -3,12 +3,24 @@ runs.renewals into small entries, and the lease record shows every renewal once.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from services.command_api.view_reader import ViewReader
+from services.common.clock import ManualClock
 from services.common.contracts import LeaseRenewed
+from services.common.eventlog import MemoryEventLog
 from services.common.kafka import InboundRecord
 from services.common.messages import MessageCodec
 from services.common.store import MemoryStore
-from services.common.topics import RUNS_RENEWALS
+from services.common.topics import RUNS_EVENTS, RUNS_RENEWALS
+from services.lease_coordinator.domain import LeasePolicy
+from services.lease_coordinator.processor import RunCommandProcessor
 from services.projections.renewal_store import RenewalHistoryStore, with_kept_renewals
+from services.projections.store import RunViewStore
+from tests.support.lease_run import claim_cmd, renew_cmd
+
+from .strategies import submit_command
+from .test_run_processor import CommandTopic, log_records
 
 CODEC = MessageCodec()
 RUN = "run_0123456789abcdef0123456789abcdef"
@@ -79,3 +91,29 @@ def test_the_lease_record_shows_every_renewal_once_and_the_last_expiry_lease_2()
     ended = with_kept_renewals({**lease, "certainty": "expired", "expiresAt": 30_400}, kept)
     assert ended["expiresAt"] == 30_400, "an ended lease keeps the expiry it ended with"
     assert with_kept_renewals({**lease, "epoch": 3}, kept) == {**lease, "epoch": 3}
+
+
+def test_a_listed_run_shows_the_renewals_kept_off_runs_events_lease_2(tmp_path: Path) -> None:
+    """Issue 16: at the default keepalive fraction (an hour) the log holds the start and the
+    API's views hold every renewal; GET /runs merges them as GET /runs/{id} does."""
+    log, store, clock, topic = MemoryEventLog(), MemoryStore(), ManualClock(), CommandTopic()
+    processor = RunCommandProcessor(log, store, CODEC, clock, LeasePolicy())
+    processor.handle([topic.record(submit_command("acme", "k1", command_id="s-1"))])
+    run_id = next(key.removeprefix("run/") for key, _ in store.scan("run/"))
+    claim = claim_cmd(run_id, command_id="c-1", lease_seconds=90, heartbeat_seconds=20)
+    processor.handle([topic.record(claim)])
+    lease = processor.load(run_id).lease  # type: ignore[union-attr]
+    assert lease is not None
+    for sequence in (1, 2, 3):
+        renew = renew_cmd(run_id, lease.attempt_id, lease.epoch, sequence, command_id=f"r-{sequence}")
+        assert processor.handle([topic.record(renew)]).accepted == 1
+        clock.advance(20_000)
+    views = MemoryStore()
+    RunViewStore(views, CODEC).apply(log_records(log, RUNS_EVENTS.name))
+    assert RenewalHistoryStore(views, CODEC).apply(log_records(log, RUNS_RENEWALS.name)) == 2
+    page = ViewReader(tmp_path, CODEC, views).list(None, 10, None)
+    [listed] = page.items
+    assert [r["sequence"] for r in listed["lease"]["renewals"]] == [1, 2, 3]
+    assert listed["lease"]["expiresAt"] == listed["lease"]["renewals"][-1]["expiresAt"]
+    folded = RunViewStore(views, CODEC).get(run_id)
+    assert folded is not None and [r["sequence"] for r in folded["lease"]["renewals"]] == [1]

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 from services.common.settings import TenureSettings
+from services.lease_coordinator.domain.state import KEEPALIVE_SUMMARY_TTLS, MAX_KEEPALIVE_TTLS, LeasePolicy
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,3 +49,12 @@ def test_no_module_reads_the_environment_but_settings() -> None:
             if re.search(r"os\.environ|os\.getenv|getenv\(", line) and not line.lstrip().startswith("#"):
                 offenders.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
     assert offenders == []
+
+
+def test_the_keepalive_setting_defaults_and_bounds_are_the_lease_policys() -> None:
+    """Issue 16: settings.py cannot import the domain, so its field repeats two of its numbers."""
+    field = TenureSettings.model_fields["lease_keepalive_fraction"]
+    assert field.default == KEEPALIVE_SUMMARY_TTLS == LeasePolicy().keepalive_fraction
+    bounds = {type(m).__name__: m for m in field.metadata}
+    assert bounds["Ge"].ge == 0 and bounds["Le"].le == MAX_KEEPALIVE_TTLS
+    LeasePolicy(keepalive_fraction=MAX_KEEPALIVE_TTLS)

@@ -198,9 +198,10 @@ def decide_renew(state: RunState, command: RenewLease, now_ms: int) -> Decision:
 def is_keepalive(state: RunState, events: Sequence[RunEvent], policy: LeasePolicy) -> bool:
     """Whether a decision may stay off runs.events (issue 16, services/common/aggregate/
     keepalives.py): a bare renewal of an active lease that starts nothing, while the lease's last
-    renewal on runs.events (`state` is their fold) is younger than `keepalive_fraction` of its
-    TTL. So the log holds a renewal at least that often, and a view of it never shows a lease
-    that expires sooner than (1 - keepalive_fraction) of a TTL after its last renewal there."""
+    renewal on runs.events (`state` is their fold) is younger than `keepalive_fraction` TTLs.
+    So the log holds a renewal at least that often (by default an hour: a periodic summary), and
+    every renewal is on runs.renewals. Only below (1 - heartbeat / TTL) does a view folded from
+    runs.events alone never show a live lease as expired; the API's views merge runs.renewals."""
     if len(events) != 1 or not isinstance(events[0], LeaseRenewed):
         return False
     renewed, lease = events[0], state.lease

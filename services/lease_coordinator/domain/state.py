@@ -14,6 +14,8 @@ from services.lease_coordinator.domain.lifecycle import LeaseCertainty, RunStatu
 __all__ = [
     "COORDINATOR_ACTOR",
     "DEFAULT_POLICY",
+    "KEEPALIVE_SUMMARY_TTLS",
+    "MAX_KEEPALIVE_TTLS",
     "RECENT_COMMANDS_KEPT",
     "RECENT_RENEWALS_KEPT",
     "Decision",
@@ -44,6 +46,11 @@ RECENT_COMMANDS_KEPT = 64
 # and eight renewals are minutes of heartbeats at the EXE-4 interval. A renewal redelivered
 # after it left the window is refused by its sequence, as a client's resend is (issue 16).
 RECENT_RENEWALS_KEPT = 8
+# Issue 16: the TTLs between two renewals of an active lease on runs.events, by default (an hour
+# at the default 90 s lease), and the most a policy may set (a bound, so the product stays a
+# number of milliseconds Avro and JSON hold).
+KEEPALIVE_SUMMARY_TTLS = 40.0
+MAX_KEEPALIVE_TTLS = 1000.0
 
 
 @dataclass(frozen=True)
@@ -79,14 +86,16 @@ class LeasePolicy:
     max_upload_bytes: int = 1 << 30
     upload_grant_ms: int = 15 * 60_000
     # Issue 16: a renewal stays off runs.events (kept, on runs.renewals) while the lease's last
-    # renewal on runs.events is younger than this fraction of its TTL; 0 puts every one there.
-    keepalive_fraction: float = 0.5
+    # renewal on runs.events is younger than this many TTLs; 0 puts every one there. The default
+    # puts one there an hour at the default 90 s TTL, a periodic summary: every renewal is on
+    # runs.renewals (LEASE-2's history), and the API's views merge them (docs/architecture.md).
+    keepalive_fraction: float = KEEPALIVE_SUMMARY_TTLS
 
     def __post_init__(self) -> None:
         if not 0 < self.at_risk_fraction < 1:
             raise ValueError("at_risk_fraction must be between 0 and 1")
-        if not 0 <= self.keepalive_fraction < 1:
-            raise ValueError("keepalive_fraction must be at least 0 and below 1")
+        if not 0 <= self.keepalive_fraction <= MAX_KEEPALIVE_TTLS:
+            raise ValueError(f"keepalive_fraction must be at least 0 and at most {MAX_KEEPALIVE_TTLS}")
         if not self.min_lease_ms <= self.default_lease_ms <= self.max_lease_ms:
             raise ValueError("the default lease must lie within the bounds")
 
