@@ -27,11 +27,12 @@ from typing import Any, Callable
 
 from services.command_api.problems import ApiProblem
 from services.command_api.projection import ApiProjection
+from services.common.clock import Clock, SystemClock
 from services.common.decisions import FollowerHealth
 from services.common.messages import MessageCodec
 from services.common.store import KeyValueStore
 from services.common.topics import RUNS_EVENTS, RUNS_RENEWALS, TRAJECTORIES_EVENTS, WATCHDOG_EVENTS
-from services.projections.renewal_store import RenewalHistoryStore, view_with_kept_renewals
+from services.projections.renewal_store import RenewalHistoryStore, retained_since, view_with_kept_renewals
 from services.projections.store import Page, RunViewStore
 from services.projections.trajectory_store import TrajectoryViewStore
 from services.projections.watchdog_store import WatchdogViewStore
@@ -65,8 +66,10 @@ class ViewReader:
         heard_watchdog: Callable[[str], int] | None = None,
         projection: ApiProjection | None = None,
         wait_s: float = 10.0,
+        clock: Clock | None = None,
     ) -> None:
         self._path = path
+        self._clock = clock or SystemClock()
         self._projection = projection
         self._wait_s = wait_s
         self._heard_run = heard_run
@@ -209,7 +212,10 @@ class ViewReader:
     def kept_renewals(self, run_id: str) -> dict[int, list[dict[str, Any]]]:
         """The run's renewals on runs.renewals, by epoch (LEASE-2), everything on it as of now folded."""
         history = self._renewal_history()
-        return history.of(run_id) if history is not None else {}
+        return history.of(run_id, self._retained_since()) if history is not None else {}
+
+    def _retained_since(self) -> int:
+        return retained_since(self._clock.now_ms())
 
     def _renewal_history(self) -> RenewalHistoryStore | None:
         """The renewal history, with everything on runs.renewals as of now folded."""
@@ -242,8 +248,9 @@ class ViewReader:
         history = self._renewal_history()
         if history is None:
             return page
+        since = self._retained_since()
         merged = [
-            view_with_kept_renewals(view, history.of(view["runId"])) if _leased(view) else view
+            view_with_kept_renewals(view, history.of(view["runId"], since)) if _leased(view) else view
             for view in page.items
         ]
         return dataclasses.replace(page, items=merged)

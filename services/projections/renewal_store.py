@@ -9,7 +9,8 @@ Layout (in the same RocksDB as the views): renewal/<runId>/<epoch, 10 digits>/<s
 digits> = {"sequence", "at", "expiresAt"} (JSON); offset/runs.renewals/<partition> = the next
 offset to read, written in the same write as the batch's entries. A renewal that is also on
 runs.events (put there later, when the run's next other event came) has the same entry here and
-in the view: `lease_record` shows it once.
+in the view: `lease_record` shows it once. A read shows the renewals younger than the topic's
+retention only (`retained_since`), so that every API instance gives the same answer.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from services.common.messages import MessageCodec, UndecodableRecord
 from services.common.store import KeyValueStore
 from services.common.topics import RUNS_RENEWALS
 
-__all__ = ["RenewalHistoryStore", "view_with_kept_renewals", "with_kept_renewals"]
+__all__ = ["RenewalHistoryStore", "retained_since", "view_with_kept_renewals", "with_kept_renewals"]
 
 _OFFSETS = f"offset/{RUNS_RENEWALS.name}/"
 _LEASE_RENEWED = full_name_of(LeaseRenewed)
@@ -76,14 +77,26 @@ class RenewalHistoryStore:
             self._store.write(puts)
         return applied
 
-    def of(self, run_id: str) -> dict[int, list[dict[str, Any]]]:
-        """Epoch -> the run's kept renewals under it, by sequence."""
+    def of(self, run_id: str, not_before_ms: int = 0) -> dict[int, list[dict[str, Any]]]:
+        """Epoch -> the run's kept renewals under it, by sequence; those renewed before
+        `not_before_ms` left out (`retained_since`)."""
         renewals: dict[int, list[dict[str, Any]]] = {}
         prefix = _prefix(run_id)
         for key, raw in self._store.scan(prefix):
+            entry = jsonbytes.loads(raw)
+            if entry["at"] < not_before_ms:
+                continue
             epoch = int(key[len(prefix) :].split("/", 1)[0])
-            renewals.setdefault(epoch, []).append(jsonbytes.loads(raw))
+            renewals.setdefault(epoch, []).append(entry)
         return renewals
+
+
+def retained_since(now_ms: int) -> int:
+    """The oldest renewal time every API instance can show: runs.renewals keeps every record
+    younger than its retention, and may keep older ones until their segment goes. An instance
+    that has followed the topic for longer holds renewals a newer one never read, so each shows
+    only those younger than the retention, and any two give the same answer (issue 16)."""
+    return now_ms - int(RUNS_RENEWALS.config["retention.ms"])
 
 
 def with_kept_renewals(lease: dict[str, Any], kept: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from services.common.store import MemoryStore
 from services.common.topics import RUNS_EVENTS, RUNS_RENEWALS
 from services.lease_coordinator.domain import LeasePolicy
 from services.lease_coordinator.processor import RunCommandProcessor
-from services.projections.renewal_store import RenewalHistoryStore, with_kept_renewals
+from services.projections.renewal_store import RenewalHistoryStore, retained_since, with_kept_renewals
 from services.projections.store import RunViewStore
 from tests.support.lease_run import claim_cmd, renew_cmd
 
@@ -111,9 +111,26 @@ def test_a_listed_run_shows_the_renewals_kept_off_runs_events_lease_2(tmp_path: 
     views = MemoryStore()
     RunViewStore(views, CODEC).apply(log_records(log, RUNS_EVENTS.name))
     assert RenewalHistoryStore(views, CODEC).apply(log_records(log, RUNS_RENEWALS.name)) == 2
-    page = ViewReader(tmp_path, CODEC, views).list(None, 10, None)
+    page = ViewReader(tmp_path, CODEC, views, clock=clock).list(None, 10, None)
     [listed] = page.items
     assert [r["sequence"] for r in listed["lease"]["renewals"]] == [1, 2, 3]
     assert listed["lease"]["expiresAt"] == listed["lease"]["renewals"][-1]["expiresAt"]
     folded = RunViewStore(views, CODEC).get(run_id)
     assert folded is not None and [r["sequence"] for r in folded["lease"]["renewals"]] == [1]
+
+
+def test_every_instance_shows_the_renewals_younger_than_the_topics_retention_lease_2() -> None:
+    """An instance that followed runs.renewals for longer holds renewals the topic has since
+    dropped; a newer instance never read them. Both show only those the topic must still hold,
+    so two instances behind one load balancer give the same answer (issue 16)."""
+    retention = int(RUNS_RENEWALS.config["retention.ms"])
+    now = 10 * retention
+    aged = _record(0, _renewed(1, 1, now - retention - 1))
+    young = _record(1, _renewed(1, 2, now - retention))
+    long_running, new = RenewalHistoryStore(MemoryStore(), CODEC), RenewalHistoryStore(MemoryStore(), CODEC)
+    long_running.apply([aged, young])
+    new.apply([young])  # its first read came after the topic dropped the segment of `aged`
+    since = retained_since(now)
+    expected = {1: [{"sequence": 2, "at": now - retention, "expiresAt": now - retention + 30_000}]}
+    assert long_running.of(RUN, since) == new.of(RUN, since) == expected
+    assert [r["sequence"] for r in long_running.of(RUN)[1]] == [1, 2], "stored: only the answer filters"
