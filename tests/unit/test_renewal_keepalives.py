@@ -108,6 +108,36 @@ class Harness:
             assert expired.occurred_at >= self.believed_until, "expired before the holder's lease ended"
 
 
+class CountingStore(MemoryStore):
+    """Counts the reads of each key."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: dict[str, int] = {}
+
+    def get(self, key: str) -> bytes | None:
+        self.reads[key] = self.reads.get(key, 0) + 1
+        return super().get(key)
+
+
+def test_a_renewal_after_a_kept_one_is_decided_without_reading_the_state_back() -> None:
+    """The kept event's durable state is the store's: with more live leases than the decoded-state
+    cache holds, reading it back was a read and a decode per renewal (issue 16)."""
+    h = Harness()
+    store = CountingStore()
+    store.write(dict(h.store.scan("")))
+    h.processor = h.new_processor(store)
+    h.store = store
+    h.renew_every(2_000, 1)  # restores the partition, reads the state once, keeps the renewal
+    reads = store.reads.get(f"run/{h.run_id}", 0)
+    h.renew_every(2_000, 4)
+    assert [e.sequence for e in h.kept_records()][-5:] == [2, 3, 4, 5, 6]
+    assert store.reads.get(f"run/{h.run_id}", 0) == reads, "a kept renewal read the state back"
+    h.clock.advance(16_000)  # past half the TTL since the last renewal on runs.events: logged
+    assert h.renew().events == 1
+    h.check()
+
+
 def test_renewals_between_two_on_the_log_go_to_runs_renewals_and_change_no_stored_state() -> None:
     h = Harness()
     stored = h.store.get(f"run/{h.run_id}")

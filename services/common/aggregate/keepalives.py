@@ -11,7 +11,8 @@ renewal on the log is less than half a lease old). Such a decision's one event i
 the batch's transaction to the keepalive topic instead (co-partitioned, a retention of its own:
 the renewal history), and the runtime keeps it in memory as a `Kept`:
 
-  * `durable`: the state the store holds, the fold of the events topic (version v);
+  * `durable`: the state the store holds, the fold of the events topic (version v); the next
+    command for the aggregate is decided against it without reading the store back;
   * `event`: the latest kept event, decided against the durable state with its own version
     (v + 1), whatever was kept before it;
   * `effective`: the state after it, which the next decisions and the timers see.
