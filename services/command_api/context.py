@@ -74,7 +74,7 @@ from services.common.topics import (
     WATCHDOG_REJECTIONS,
 )
 from services.common.tracing import annotate
-from services.projections.renewal_store import view_with_kept_renewals
+from services.projections.renewal_store import leased, view_with_kept_renewals
 from services.quarantine.view import QuarantineBoard
 from services.schedules.view import ScheduleBoard
 
@@ -368,7 +368,7 @@ class ApiContext:
     async def with_every_renewal(self, run_id: str, view: dict[str, Any]) -> dict[str, Any]:
         """LEASE-2: the view's lease records with the renewals kept off runs.events (issue 16,
         on runs.renewals) merged in, everything on that topic as of now folded."""
-        if not view.get("lease") and not view.get("leaseHistory"):
+        if not leased(view):
             return view
         kept = await self.in_thread("the renewal history", self.deps.views.kept_renewals, run_id)
         return view_with_kept_renewals(view, kept)

@@ -32,7 +32,12 @@ from services.common.decisions import FollowerHealth
 from services.common.messages import MessageCodec
 from services.common.store import KeyValueStore
 from services.common.topics import RUNS_EVENTS, RUNS_RENEWALS, TRAJECTORIES_EVENTS, WATCHDOG_EVENTS
-from services.projections.renewal_store import RenewalHistoryStore, retained_since, view_with_kept_renewals
+from services.projections.renewal_store import (
+    RenewalHistoryStore,
+    leased,
+    retained_since,
+    view_with_kept_renewals,
+)
 from services.projections.store import Page, RunViewStore
 from services.projections.trajectory_store import TrajectoryViewStore
 from services.projections.watchdog_store import WatchdogViewStore
@@ -243,14 +248,14 @@ class ViewReader:
         serves it (issue 16: most renewals are on runs.renewals, not runs.events)."""
         self._barrier(RUNS_EVENTS.name)
         page = self._runs().list(status, limit, cursor)
-        if not any(_leased(view) for view in page.items):
+        if not any(leased(view) for view in page.items):
             return page
         history = self._renewal_history()
         if history is None:
             return page
         since = self._retained_since()
         merged = [
-            view_with_kept_renewals(view, history.of(view["runId"], since)) if _leased(view) else view
+            view_with_kept_renewals(view, history.of(view["runId"], since)) if leased(view) else view
             for view in page.items
         ]
         return dataclasses.replace(page, items=merged)
@@ -359,7 +364,3 @@ def _unavailable(detail: str) -> ApiProblem:
         headers={"Retry-After": str(_RETRY_AFTER_S)},
         retryAfterSeconds=_RETRY_AFTER_S,
     )
-
-
-def _leased(view: dict[str, Any]) -> bool:
-    return bool(view.get("lease") or view.get("leaseHistory"))

@@ -130,7 +130,7 @@ class TenureSettings(KafkaSettings):
     heartbeat_seconds: int = Field(default=20, ge=1, le=1800, description="Default heartbeat interval.")
     lease_at_risk_fraction: float = Field(default=0.5, gt=0, lt=1)
     lease_keepalive_fraction: float = Field(
-        # LeasePolicy's KEEPALIVE_SUMMARY_TTLS and MAX_KEEPALIVE_TTLS (tests/unit/test_settings.py).
+        # LeasePolicy's KEEPALIVE_SUMMARY_TTLS and MAX_KEEPALIVE_TTLS (test_settings_documented.py).
         default=40.0,
         ge=0,
         le=1000,

@@ -25,7 +25,7 @@ from services.common.messages import MessageCodec, UndecodableRecord
 from services.common.store import KeyValueStore
 from services.common.topics import RUNS_RENEWALS
 
-__all__ = ["RenewalHistoryStore", "retained_since", "view_with_kept_renewals", "with_kept_renewals"]
+__all__ = ["RenewalHistoryStore", "leased", "retained_since", "view_with_kept_renewals", "with_kept_renewals"]
 
 _OFFSETS = f"offset/{RUNS_RENEWALS.name}/"
 _LEASE_RENEWED = full_name_of(LeaseRenewed)
@@ -113,6 +113,11 @@ def with_kept_renewals(lease: dict[str, Any], kept: dict[int, list[dict[str, Any
     if lease.get("certainty") == "active" and renewals:
         merged["expiresAt"] = max(int(lease.get("expiresAt") or 0), int(renewals[-1]["expiresAt"]))
     return merged
+
+
+def leased(view: dict[str, Any]) -> bool:
+    """Whether a Run view has a lease record for kept renewals to merge into."""
+    return bool(view.get("lease") or view.get("leaseHistory"))
 
 
 def view_with_kept_renewals(view: dict[str, Any], kept: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:

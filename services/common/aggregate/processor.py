@@ -271,10 +271,8 @@ class AggregateProcessor(Generic[S, C, E, X]):
         # Reads of the store stay outside the guard: their failure is the infrastructure's.
         aggregate_id = d.aggregate_id(command)
         kept = self._kept.of(changes, aggregate_id)
-        # A kept event's durable state is the store's (keepalives.py: a write of the aggregate
-        # unkeeps it; a restore, a revocation or a failed batch drops what is kept), so the next
-        # renewal is decided without reading the state back. With more live leases than the
-        # decoded-state cache holds (issue 16: 100,000 runs), that read was also a decode.
+        # A kept event's durable state is the store's (keepalives.py), so it is not read back:
+        # beyond the decoded-state cache (issue 16: 100,000 runs) that read was also a decode.
         state = kept.durable if kept is not None else self._state(changes, aggregate_id)
         context = changes.context.decide_context(command, state)
         partition = changes.partition(aggregate_id, record.partition)
