@@ -64,7 +64,9 @@ def send_all(producer: Producer, records: Iterable[Wire]) -> None:
         raise RuntimeError(f"producing failed: {len(failures)} errors, e.g. {failures[:1]}")
 
 
-def submit_command(codec: MessageCodec, tenant: str, key: str) -> tuple[str, OutboundRecord]:
+def submit_command(
+    codec: MessageCodec, tenant: str, key: str, timeout_seconds: int = 600
+) -> tuple[str, OutboundRecord]:
     run_id = run_id_for(tenant, key)
     command = SubmitRun(
         command_id=command_id_for(run_id, "SubmitRun", key),
@@ -75,7 +77,7 @@ def submit_command(codec: MessageCodec, tenant: str, key: str) -> tuple[str, Out
         tenant=tenant,
         idempotency_key=key,
         execution_spec=canonical_json({**SPEC, "args": [key]}),
-        timeout_seconds=600,
+        timeout_seconds=timeout_seconds,
     )
     return run_id, command_record(codec, command)
 

@@ -258,12 +258,14 @@ async def claim_all(
     concurrency: int,
     *,
     start: bool = False,
+    into: list[Held] | None = None,
 ) -> tuple[list[Held], Calls]:
     """Claim each run; `start`: then send its first heartbeat at once, which starts it (a run
     start goes on runs.events), so runs start at the claim rate, as a runner starts work on
     what it claimed, and not all in the first second of the heartbeat schedule. A claim whose
-    start was not answered 200 counts as not held."""
-    held: list[Held] = []
+    start was not answered 200 counts as not held. Each lease is appended to `into` (a new list
+    if None) the moment it is held, so a keepalive can renew it while the claims go on."""
+    held: list[Held] = [] if into is None else into
     calls = Calls()
     body: dict[str, Any] = {"runnerId": runner, "leaseSeconds": lease_s, "heartbeatSeconds": heartbeat_s}
 

@@ -27,6 +27,14 @@ def parse_args(argv: list[str] | None, description: str | None) -> argparse.Name
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of heartbeats per step (D)")
     parser.add_argument("--runners", type=int, default=20, help="simulated runners (one HTTP pool each)")
     parser.add_argument(
+        "--lease-seconds",
+        type=int,
+        default=LEASE_SECONDS,
+        help=f"the TTL each run is claimed with (default {LEASE_SECONDS}; up to 3600, Tenure's bound): "
+        "claims go at about 150/s here, so 100,000 runs need a TTL longer than their claiming "
+        "(bench/_leases_keeper.py)",
+    )
+    parser.add_argument(
         "--expiry-runs",
         type=int,
         default=200,
@@ -100,14 +108,16 @@ def parse_args(argv: list[str] | None, description: str | None) -> argparse.Name
         parser.error("--coordinators: 1 to 4 instances")
     if not 1 <= args.tenants <= 64:
         parser.error("--tenants: 1 to 64")
-    if not args.steps or min(args.steps) < 1 or max(args.steps) * 2 > LEASE_SECONDS:
-        parser.error(f"--heartbeat-seconds: whole seconds from 1 to {LEASE_SECONDS // 2}")
+    if not 10 <= args.lease_seconds <= 3600:
+        parser.error("--lease-seconds: 10 to 3600")
+    if not args.steps or min(args.steps) < 1 or max(args.steps) * 2 > args.lease_seconds:
+        parser.error(f"--heartbeat-seconds: whole seconds from 1 to {args.lease_seconds // 2}")
     if not 0 <= args.logged_every <= 20:
         parser.error("--logged-every: 0 to 20")
-    if args.logged_every and keepalive_fraction(args.logged_every, min(args.steps)) >= 1:
+    if args.logged_every and keepalive_fraction(args.logged_every, min(args.steps), args.lease_seconds) >= 1:
         parser.error(
             f"--logged-every {args.logged_every} at a {min(args.steps)} s heartbeat needs a keepalive "
-            f"fraction of 1 or more ({LEASE_SECONDS} s leases): log more often or shorten the heartbeat"
+            f"fraction of 1 or more ({args.lease_seconds} s leases): log more often or shorten the heartbeat"
         )
     if args.warm_up_seconds is not None and not 0 <= args.warm_up_seconds <= 600:
         parser.error("--warm-up-seconds: 0 to 600")

@@ -96,6 +96,12 @@ def render(
             f"| (r) H={s.heartbeat_s}s | claim: POST /runs/{{id}}/attempts{started} (latency: the claim) "
             f"| {c.count:,} | {c.seconds:.2f} | {c.count / c.seconds:,.0f}/s | {_lat(c.ok_ms)} | - |"
         )
+        if (kept := s.kept_alive) is not None and kept.count:
+            lines.append(
+                f"| (r) H={s.heartbeat_s}s | keepalive while claiming: each held lease renewed once a "
+                f"third of its TTL, in batches (not measured; answers: {_answers(kept)}) | {kept.count:,} "
+                "| - | - | - | - |"
+            )
         if (warm := s.warm_up) is not None:
             first = "" if s.started_at_claim else "; each run's first starts it (on runs.events)"
             lines.append(

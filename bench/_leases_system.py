@@ -9,6 +9,7 @@ import bisect
 import re
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -35,19 +36,23 @@ __all__ = [
 ]
 
 TENANT = "bench"
+# Each run's deadline (EXE-10) from its claim: 100,000 runs take 9-14 minutes to claim, and with
+# the foundation bench's 10 minutes the first runs' deadlines fell in the window (2026-12-06 18:54:
+# 6,994 DeadlineReached and 6,947 RunInterrupted, each materialising a kept renewal first).
+RUN_TIMEOUT_SECONDS = 24 * 3600
 LEASE_SECONDS = 90  # renewal runs: long enough that no lease of a step goes at risk (45 s) or expires
 
 
-def keepalive_fraction(logged_every: int, heartbeat_s: int) -> float:
+def keepalive_fraction(logged_every: int, heartbeat_s: int, lease_s: int = LEASE_SECONDS) -> float:
     """The coordinator's TENURE_LEASE_KEEPALIVE_FRACTION that puts one renewal in `logged_every`
-    on runs.events at heartbeat H with LEASE_SECONDS leases: a renewal goes there once the last
+    on runs.events at heartbeat H with `lease_s` leases: a renewal goes there once the last
     one there is `fraction` x TTL old. Tenure's defaults until 2026-12-06's evening (90 s lease,
     20 s heartbeat, 0.5) logged one renewal in three (at 20 and 40 s kept, at 60 s logged); the
     bench compresses the heartbeat to 1-5 s at the same 90 s lease, where 0.5 would log one in 45
     at H=1, so for `--logged-every N` it sets the threshold
     to `logged_every` heartbeats (minus half a heartbeat, so jitter does not move a renewal across
     it). One value for the whole run, set from its shortest H: a longer H logs more, not fewer."""
-    return (logged_every - 0.5) * heartbeat_s / LEASE_SECONDS
+    return (logged_every - 0.5) * heartbeat_s / lease_s
 
 
 DECISION_TIMEOUT_S = 10
@@ -65,6 +70,7 @@ class EventWatch:
         self._follower = TopicFollower(bootstrap, [RUNS_EVENTS.name], "end", client_id="tenure-bench-watch")
         self.expired_seen_ms: dict[str, int] = {}
         self._offsets: dict[int, list[int]] = {}
+        self._types: dict[int, list[bytes]] = {}  # each offset's schema, beside `_offsets`
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="event-watch", daemon=True)
@@ -75,7 +81,9 @@ class EventWatch:
             while not self._stop.is_set():
                 for r in self._follower.poll(max_records=5000, timeout_s=0.05):
                     self._offsets.setdefault(r.partition, []).append(r.offset)
-                    if next((v for k, v in r.headers if k == "tenure-schema"), b"") == LEASE_EXPIRED:
+                    schema = next((v for k, v in r.headers if k == "tenure-schema"), b"")
+                    self._types.setdefault(r.partition, []).append(schema)
+                    if schema == LEASE_EXPIRED:
                         run_id = r.key.decode() if r.key else ""
                         self.expired_seen_ms.setdefault(run_id, time.time_ns() // 1_000_000)
         except BaseException as exc:  # reported by check(): a dead watcher would make figures wrong
@@ -95,6 +103,16 @@ class EventWatch:
             seen = self._offsets.get(partition, [])
             events += bisect.bisect_left(seen, stop) - bisect.bisect_left(seen, start.get(partition, 0))
         return events, sum(end.values()) - sum(start.values()) - events
+
+    def types(self, start: dict[int, int], end: dict[int, int]) -> Counter[str]:
+        """Events between two end-offset snapshots by schema (call after `markers`): what a
+        window put on runs.events."""
+        counts: Counter[str] = Counter()
+        for partition, stop in end.items():
+            seen, types = self._offsets.get(partition, []), self._types.get(partition, [])
+            low, high = bisect.bisect_left(seen, start.get(partition, 0)), bisect.bisect_left(seen, stop)
+            counts.update(t.decode(errors="replace").rsplit(".", 1)[-1] for t in types[low:high])
+        return counts
 
     def close(self) -> None:
         self._stop.set()
@@ -180,7 +198,8 @@ def submit_runs(
         # partition), so only several tenants spread the load over partitions and coordinators.
         names = [TENANT] if tenants == 1 else [f"{TENANT}-{t}" for t in range(tenants)]
         prepared = [
-            submit_command(codec, names[i % tenants], f"{tag}-lease-{i:07d}") for i in range(run_count)
+            submit_command(codec, names[i % tenants], f"{tag}-lease-{i:07d}", RUN_TIMEOUT_SECONDS)
+            for i in range(run_count)
         ]
         say(f"(b) producing {run_count} SubmitRun commands, waiting for their views")
         started = time.monotonic()

@@ -57,6 +57,7 @@ class StepResult:
     release: Calls | None = None
     warm_up: StepResult | None = None  # the heartbeats before the window (--warm-up-seconds)
     started_at_claim: bool = False  # each run's first heartbeat was sent right after its claim
+    kept_alive: Calls | None = None  # renewals while the claims went on (bench/_leases_keeper.py)
 
     @property
     def offered(self) -> float:

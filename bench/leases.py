@@ -47,6 +47,7 @@ from typing import Any
 from bench._leases_io import (
     EXPIRY_LEASE_SECONDS,
     Calls,
+    Held,
     MachineCpuMeter,
     Pool,
     TransportError,
@@ -58,6 +59,7 @@ from bench._leases_io import (
     parse,
     release_all,
 )
+from bench._leases_keeper import keep_alive
 from bench._leases_options import parse_args
 from bench._leases_report import render, write_section
 from bench._leases_system import (
@@ -245,18 +247,38 @@ async def renewal_step(
     async with open_pool(args.client, base_url, args.concurrency) as http:
         say(f"(r) {label}: claiming {len(run_ids)} runs, {args.concurrency} at a time")
         before, t0 = cpu.snapshot(), time.monotonic()
-        held, claims = await claim_all(
-            http,
-            run_ids,
-            "bench-runner",
-            LEASE_SECONDS,
-            heartbeat_s,
-            args.concurrency,
-            start=args.start_at_claim,
+        held: list[Held] = []
+        stop_keeper = asyncio.Event()
+        keeper = asyncio.create_task(  # why: bench/_leases_keeper.py
+            keep_alive(
+                args.client,
+                base_url,
+                held,
+                max(heartbeat_s, args.lease_seconds // 3),
+                args.batch or 250,
+                stop_keeper,
+            )
         )
+        try:
+            _, claims = await claim_all(
+                http,
+                run_ids,
+                "bench-runner",
+                args.lease_seconds,
+                heartbeat_s,
+                args.concurrency,
+                start=args.start_at_claim,
+                into=held,
+            )
+        finally:
+            stop_keeper.set()
+            kept = await keeper
         cpu.measure(f"(r) {label}: claim {len(run_ids)}", before, time.monotonic() - t0)
+        if kept.count:
+            say(f"(r) {label}: renewed while claiming: {dict(kept.answers)}")
         step = StepResult(heartbeat_s, len(held), args.runners, args.duration, claims)
         step.started_at_claim = args.start_at_claim
+        step.kept_alive = kept
         if not held:
             raise RuntimeError(f"{label}: no claim succeeded: {dict(claims.answers)}")
 
@@ -311,6 +333,9 @@ async def renewal_step(
         if (count := metrics_after[1] - metrics_before[1]) > 0:
             step.decision_ms = (metrics_after[0] - metrics_before[0]) / count * 1000
         step.events, step.markers = watch.markers(ends_before, ends_after)
+        if step.events:
+            types = dict(watch.types(ends_before, ends_after))
+            say(f"(r) {label}: events on runs.events in the window: {types}")
 
         if release:
             say(f"(r) {label}: reporting {len(held)} attempts succeeded")
@@ -399,7 +424,11 @@ def main(argv: list[str] | None = None) -> int:
         logic = bench_logic(args.runs, workdir)
         cpu.measure("(l) processor logic, in the bench process", before, time.monotonic() - t0)
 
-        keepalive = keepalive_fraction(args.logged_every, min(args.steps)) if args.logged_every else None
+        keepalive = (
+            keepalive_fraction(args.logged_every, min(args.steps), args.lease_seconds)
+            if args.logged_every
+            else None
+        )
         services, port = start_services(bootstrap, workdir, tag, args.coordinators, keepalive)
         cpu.pids.update({s.name: s.process.pid for s in services})
         cpu.threads.pids = {s.name: s.process.pid for s in services}
@@ -427,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
             + (f" batch={args.batch}" if args.batch else "")
             + (f" coordinators={args.coordinators}" if args.coordinators > 1 else "")
             + (f" tenants={args.tenants}" if args.tenants > 1 else "")
+            + (f" lease-seconds={args.lease_seconds}" if args.lease_seconds != LEASE_SECONDS else "")
             + (
                 f" logged-every={args.logged_every}"
                 if args.logged_every

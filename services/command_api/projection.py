@@ -222,6 +222,8 @@ class ApiProjection:
         self.trajectories = TrajectoryViewStore(self.store, codec)
         self.watchdogs = WatchdogViewStore(self.store, codec)
         self.renewals = RenewalHistoryStore(self.store, codec)
+        if self.renewals.discard_legacy_layout():  # before the offsets are read: the topic again
+            log.info("the API's renewal history moved to time buckets: reading runs.renewals again")
         self.progress = FoldProgress()
         self._sides: dict[str, tuple[Callable[[], dict[int, int]], _Apply]] = {
             RUNS_EVENTS.name: (self.runs.offsets, self.runs.apply),

@@ -105,6 +105,19 @@ class StoreContract:
             assert store.get("c/third") is None, bad
             assert store.get("kept") == b"1", bad
 
+    def test_a_delete_range_removes_the_keys_from_start_to_before_end(self, store: KeyValueStore) -> None:
+        keys = ["b/00", "b/01", "b/01/x", "b/02", "b/020", "b/03", "c/01"]
+        store.write({k: b"v" for k in ["a/99", *keys]})
+        store.write({"b/015": b"put in the range, same write"}, delete_ranges=(("b/01", "b/03"),))
+        assert [k for k, _ in store.scan("")] == ["a/99", "b/00", "b/03", "c/01"]
+
+    def test_a_delete_range_applies_with_the_writes_other_entries(self, store: KeyValueStore) -> None:
+        store.write({"offset/0": b"1", "r/1": b"x", "r/2": b"y", "s/1": b"z"})
+        store.write({"offset/0": b"2"}, deletes=("s/1",), delete_ranges=(("r/", "r0"), ("q/", "q0")))
+        assert dict(store.scan("")) == {"offset/0": b"2"}
+        store.write({"r/3": b"after"})
+        assert store.get("r/3") == b"after", "a later put in a deleted range is kept"
+
     def test_writing_nothing_is_allowed(self, store: KeyValueStore) -> None:
         store.write({})
         assert list(store.scan("")) == []

@@ -14,8 +14,16 @@ class StoreReadOnly(Exception):
 class KeyValueStore(Protocol):
     def get(self, key: str) -> bytes | None: ...
 
-    def write(self, puts: Mapping[str, bytes], deletes: tuple[str, ...] = ()) -> None:
-        """Apply all puts and deletes atomically: after a crash either all or none are visible."""
+    def write(
+        self,
+        puts: Mapping[str, bytes],
+        deletes: tuple[str, ...] = (),
+        delete_ranges: tuple[tuple[str, str], ...] = (),
+    ) -> None:
+        """Apply all puts and deletes atomically: after a crash either all or none are visible.
+        Each `(start, end)` of `delete_ranges` deletes every key `start <= key < end`, in one
+        operation whatever the number of keys (a range tombstone in RocksDB). Deletes win over
+        puts of the same key in one write."""
         ...
 
     def scan(

@@ -14,9 +14,14 @@ class MemoryStore:
     def get(self, key: str) -> bytes | None:
         return self._data.get(key)
 
-    def write(self, puts: Mapping[str, bytes], deletes: tuple[str, ...] = ()) -> None:
+    def write(
+        self,
+        puts: Mapping[str, bytes],
+        deletes: tuple[str, ...] = (),
+        delete_ranges: tuple[tuple[str, str], ...] = (),
+    ) -> None:
         # Refuse what RocksDB refuses, so a forgotten .encode() fails in unit tests too.
-        for key in (*puts, *deletes):
+        for key in (*puts, *deletes, *(bound for pair in delete_ranges for bound in pair)):
             key.encode("utf-8")
         for key, value in puts.items():
             if not isinstance(value, bytes):
@@ -25,6 +30,9 @@ class MemoryStore:
         staged.update(puts)
         for key in deletes:
             staged.pop(key, None)
+        for start, end in delete_ranges:  # str order is code-point order, RocksDB's UTF-8 byte order
+            for key in [k for k in staged if start <= k < end]:
+                del staged[key]
         self._data = staged
 
     def scan(

@@ -38,7 +38,12 @@ class RocksStore:
         value = self._db.get(key.encode("utf-8"))
         return cast(bytes, value) if value is not None else None
 
-    def write(self, puts: Mapping[str, bytes], deletes: tuple[str, ...] = ()) -> None:
+    def write(
+        self,
+        puts: Mapping[str, bytes],
+        deletes: tuple[str, ...] = (),
+        delete_ranges: tuple[tuple[str, str], ...] = (),
+    ) -> None:
         if self._secondary:
             raise StoreReadOnly(f"{self._path} is open as a read-only secondary")
         batch = WriteBatch(raw_mode=True)
@@ -46,6 +51,8 @@ class RocksStore:
             batch.put(key.encode("utf-8"), value)
         for key in deletes:
             batch.delete(key.encode("utf-8"))
+        for start, end in delete_ranges:  # after the puts: a batch applies in order
+            batch.delete_range(start.encode("utf-8"), end.encode("utf-8"))
         self._db.write(batch)
 
     def scan(
