@@ -11,18 +11,23 @@ One invocation, one broker, phases in this order (see bench/README.md, docs/benc
       minus lease.expiresAt (the rule's deadline), both on the coordinator's clock;
   (i) five idle seconds: what the processes cost doing nothing;
   (r) per heartbeat interval H: R runs claimed (POST /runs/{id}/attempts, heartbeatSeconds=H,
-      90 s leases; the coordinator at its default keepalive fraction, which puts one renewal an
-      hour on runs.events, or, with --logged-every N, one in N at the shortest H: 3 is what the
-      defaults before 2026-12-06's evening gave at a 20 s heartbeat), then S simulated runners (one aiohttp
-      pool each, --client httpx to compare) heartbeat them, each run every H seconds, phases
-      spread evenly over H (R/H renewals/s offered): a warm-up of 3 H (at least 10 s; each run's
-      first heartbeat starts it) on a row of its own, then D measured seconds
+      90 s leases or --lease-seconds, each renewed once a third of its TTL while the claims go
+      on: bench/_leases_keeper.py; the coordinator at its default keepalive fraction, which puts
+      one renewal an hour on runs.events, or, with --logged-every N, one in N at the shortest H:
+      3 is what the defaults before 2026-12-06's evening gave at a 20 s heartbeat), then S
+      simulated runners (one aiohttp pool each, --client httpx to compare) heartbeat them,
+      each run every H seconds, phases spread evenly over H (R/H renewals/s offered): a warm-up
+      of 3 H (at least 10 s; each run's first heartbeat starts it) on a row of its own, then D
+      measured seconds
       (bench/_leases_windows.py); K more runs are claimed with a 2 s lease a third of the way
       in, to measure expiry detection under that load; every step but the last ends by
       reporting its attempts as succeeded so no lease timer of it outlives the step.
 
     PYTHONPATH=. python -m bench.leases [--runs 2000] [--heartbeat-seconds 8,4,2] [--duration 30]
         [--batch 250]   (renew through POST /leases:renew, 250 leases a request: issue 16)
+    The issue's own load, 100,000 runs at a 20 s heartbeat (about 25 minutes, 10 of them claims):
+        --runs 100000 --heartbeat-seconds 20 --duration 40 --expiry-runs 0 --runners 4
+        --batch 250 --concurrency 128 --lease-seconds 1800
 
 A script, not a test: it measures and reports, it asserts nothing about speed.
 """

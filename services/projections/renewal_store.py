@@ -108,17 +108,17 @@ class RenewalHistoryStore:
                 {"sequence": renewed["sequence"], "at": at, "expiresAt": renewed["expiresAt"]}
             )
         if puts:
-            self._store.write(puts, delete_ranges=self._expired(expired_before))
+            expired = self._expired(expired_before)
+            self._store.write(puts, delete_ranges=expired)
+            if expired:  # raised only once written: a failed write deletes the range next time
+                self._floor = expired_before
         return len(renewed_in_batch)
 
     def _expired(self, expired_before: str) -> tuple[tuple[str, str], ...]:
         if self._floor is None:  # first batch since start: where the oldest entry is
             oldest = next(iter(self._store.scan(_BUCKETS)), None)
             self._floor = oldest[0][: len(expired_before)] if oldest is not None else expired_before
-        if self._floor >= expired_before:
-            return ()
-        floor, self._floor = self._floor, expired_before
-        return ((floor, expired_before),)
+        return ((self._floor, expired_before),) if self._floor < expired_before else ()
 
     def of(self, run_id: str, not_before_ms: int) -> dict[int, list[dict[str, Any]]]:
         """Epoch -> the run's kept renewals under it, by sequence; those renewed before

@@ -4,6 +4,9 @@ runs.renewals into small entries, and the lease record shows every renewal once.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from services.command_api.view_reader import ViewReader
 from services.common.clock import ManualClock
@@ -208,3 +211,29 @@ def test_the_layout_before_buckets_is_dropped_and_the_topic_read_again_lease_2()
     assert dict(store.scan("")) == {"offset/runs.events/0": b"5", "fold/x": b"1"}
     assert history.offsets() == {}
     assert history.discard_legacy_layout() is False
+
+
+class _FailsOnce(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail_next = False
+
+    def write(self, puts: Any, deletes: tuple[str, ...] = (), delete_ranges: Any = ()) -> None:
+        if self.fail_next:
+            self.fail_next = False
+            raise OSError("disk full")
+        super().write(puts, deletes, delete_ranges)
+
+
+def test_a_bucket_whose_delete_failed_is_deleted_by_the_next_batch_lease_2() -> None:
+    retention = int(RUNS_RENEWALS.config["retention.ms"])
+    store = _FailsOnce()
+    history = RenewalHistoryStore(store, CODEC)
+    start = 100 * BUCKET_MS
+    history.apply([_record(0, _renewed(1, 1, start))])
+    store.fail_next = True
+    with pytest.raises(OSError):
+        history.apply([_record(1, _renewed(1, 2, start + retention + BUCKET_MS))])
+    assert _stored(store) == [(1, 1)], "the failed write changed nothing"
+    history.apply([_record(1, _renewed(1, 2, start + retention + BUCKET_MS))])
+    assert _stored(store) == [(1, 2)]
