@@ -9,7 +9,7 @@ import os
 import re
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,14 +40,17 @@ __all__ = [
     "ThreadMeter",
     "TransportError",
     "answer_key",
+    "batch_results",
     "claim_all",
     "decision_wait",
     "end_offsets",
     "fan_out",
+    "item_refusal",
     "machine_busy_seconds",
     "open_pool",
     "parse",
     "release_all",
+    "renew_batch",
     "thread_cpu",
 ]
 
@@ -302,6 +305,33 @@ async def claim_all(
 
     calls.seconds = await fan_out(run_ids, concurrency, claim)
     return held, calls
+
+
+async def renew_batch(http: Pool, group: Sequence[Held]) -> tuple[str, bytes]:
+    """One POST /leases:renew for `group`, each lease's sequence advanced first: the answer's key
+    ("200", "429 ...", "0 TimeoutError") and body; `batch_results` reads it (after the caller
+    has taken its time, so that parsing is not counted in the ack latency)."""
+    items = []
+    for lease in group:
+        lease.sequence += 1
+        items.append({"attemptId": lease.attempt_id, "leaseEpoch": lease.epoch, "sequence": lease.sequence})
+    try:
+        status, answer = await http.call("POST", "/leases:renew", {"renewals": items})
+    except TransportError as exc:
+        return f"0 {exc}", b""
+    return answer_key(status, answer), answer
+
+
+def batch_results(key: str, answer: bytes) -> list[dict[str, Any]] | None:
+    """A batch renewal's per-lease results, if it was answered 200 with them."""
+    results = (parse(answer) or {}).get("results") if key == "200" else None
+    return results if isinstance(results, list) else None
+
+
+def item_refusal(item: dict[str, Any]) -> str:
+    """How a batch result that was not accepted is counted: "item refused stale-epoch"."""
+    slug = str((item.get("problem") or {}).get("type", "")).rsplit("/", 1)[-1]
+    return f"item {item.get('status')} {slug}".strip()
 
 
 async def release_all(http: Pool, held: list[Held], concurrency: int) -> Calls:

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 from collections.abc import Sequence
 
-from bench._leases_io import CLIENTS, Calls, Held, Pool, TransportError, answer_key, parse
+from bench._leases_io import CLIENTS, Calls, Held, Pool, batch_results, item_refusal, renew_batch
 
 __all__ = ["keep_alive"]
 
@@ -26,26 +26,13 @@ CONNECTIONS = 8
 
 
 async def _renew(http: Pool, group: Sequence[Held], calls: Calls) -> None:
-    items = []
-    for lease in group:
-        lease.sequence += 1
-        items.append({"attemptId": lease.attempt_id, "leaseEpoch": lease.epoch, "sequence": lease.sequence})
-    try:
-        status, answer = await http.call("POST", "/leases:renew", {"renewals": items})
-        key = answer_key(status, answer)
-    except TransportError as exc:
-        key, answer = f"0 {exc}", b""
-    results = (parse(answer) or {}).get("results") if key == "200" else None
-    if not isinstance(results, list):
+    key, answer = await renew_batch(http, group)
+    if (results := batch_results(key, answer)) is None:
         calls.answers[f"keepalive: {key}"] += len(group)
         return
     for item in results:
-        status_text = item.get("status")
-        if status_text == "accepted":
-            calls.answers["keepalive: accepted"] += 1
-        else:
-            slug = str((item.get("problem") or {}).get("type", "")).rsplit("/", 1)[-1]
-            calls.answers[f"keepalive: {status_text} {slug}".strip()] += 1
+        accepted = item.get("status") == "accepted"
+        calls.answers[f"keepalive: {'accepted' if accepted else item_refusal(item)}"] += 1
 
 
 async def keep_alive(

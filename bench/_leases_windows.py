@@ -18,7 +18,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from bench._leases_io import CLIENTS, Calls, Held, TransportError, answer_key, parse
+from bench._leases_io import (
+    CLIENTS,
+    Calls,
+    Held,
+    TransportError,
+    answer_key,
+    batch_results,
+    item_refusal,
+    parse,
+    renew_batch,
+)
 
 if TYPE_CHECKING:  # the expiry probe's result is the bench's own (bench/leases.py)
     from bench.leases import ExpiryResult
@@ -223,27 +233,15 @@ async def batch_window(
             sent, sent_wall_ms = await schedule.until(slot)
             into, t_phase = schedule.phase(slot)
             into.late_ms.extend([(sent - slot) * 1000] * len(group))
-            items = []
-            for lease in group:
-                lease.sequence += 1
-                items.append(
-                    {"attemptId": lease.attempt_id, "leaseEpoch": lease.epoch, "sequence": lease.sequence}
-                )
-            try:
-                status, answer = await http.call("POST", "/leases:renew", {"renewals": items})
-                key = answer_key(status, answer)
-            except TransportError as exc:
-                key, answer = f"0 {exc}", b""
+            key, answer = await renew_batch(http, group)
             done, done_wall_ms = schedule.loop.time(), time.time() * 1000
             schedule.answered(into, done)
-            results = (parse(answer) or {}).get("results") if key == "200" else None
-            if not isinstance(results, list):
+            if (results := batch_results(key, answer)) is None:
                 into.heartbeats.answers[key] += len(group)
             else:
                 for item in results:
                     if item.get("status") != "accepted":
-                        slug = str((item.get("problem") or {}).get("type", "")).rsplit("/", 1)[-1]
-                        into.heartbeats.answers[f"item {item.get('status')} {slug}".strip()] += 1
+                        into.heartbeats.answers[item_refusal(item)] += 1
                         continue
                     decided_ms = item.get("serverTime")
                     _accepted(into, t_phase, sent, slot, done, sent_wall_ms, done_wall_ms, decided_ms)

@@ -48,6 +48,7 @@ _RETENTION_MS = int(RUNS_RENEWALS.config["retention.ms"])
 BUCKET_MS = _RETENTION_MS // 10
 _BUCKETS = "renewals/"
 _LEGACY = "renewal/"  # before time buckets: renewal/<runId>/<epoch>/<sequence> (never reclaimed)
+_LEGACY_END = "renewal0"  # "/" + 1: above every legacy key, below "renewals/"
 
 
 def _bucket(at_ms: int) -> str:
@@ -71,7 +72,7 @@ class RenewalHistoryStore:
         if next(iter(self._store.scan(_LEGACY)), None) is None:
             return False
         offsets = tuple(k for k, _ in self._store.scan(_OFFSETS))
-        self._store.write({}, deletes=offsets, delete_ranges=((_LEGACY, _successor(_LEGACY)),))
+        self._store.write({}, deletes=offsets, delete_ranges=((_LEGACY, _LEGACY_END),))
         return True
 
     def apply(
@@ -137,11 +138,6 @@ class RenewalHistoryStore:
         for entries in renewals.values():  # buckets in time order; a sequence may be older
             entries.sort(key=lambda entry: int(entry["sequence"]))
         return renewals
-
-
-def _successor(prefix: str) -> str:
-    """The least key above every key that starts with `prefix` (its last character + 1)."""
-    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
 
 def retained_since(now_ms: int) -> int:
