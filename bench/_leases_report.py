@@ -146,6 +146,9 @@ def render(
             f"{late:,} ({late / max(hb.count, 1):.0%}) | {s.events:,} / {s.markers:,} | {_answers(hb)} |"
         )
     lines += ["", *_timeline(steps)]
+    for s in steps:
+        if s.gc:
+            lines += ["", f"Garbage-collector passes in the H={s.heartbeat_s}s window (/metrics): {s.gc}."]
     probes = [p for p in [idle, *(s.expiry for s in steps)] if p is not None]
     if probes:
         lines += [

@@ -30,6 +30,8 @@ __all__ = [
     "TENANT",
     "EventWatch",
     "coordinator_partitions",
+    "gc_pauses",
+    "gc_summary",
     "keepalive_fraction",
     "start_services",
     "submit_runs",
@@ -138,6 +140,49 @@ def coordinator_partitions() -> str:
         except httpx.HTTPError as exc:
             owned.append(f"{name} ? ({type(exc).__name__})")
     return ", ".join(owned)
+
+
+def gc_pauses(api_port: int) -> dict[str, dict[str, float]]:
+    """Per service (the API and each coordinator): the garbage collector's passes so far from its
+    /metrics (tenure_process_gc_pause_seconds): count and seconds of the middle (1) and full (2)
+    generations, and how many passes of any generation took over 100 ms. Empty for a service
+    that did not answer."""
+    ports = {"command_api": api_port, **COORDINATOR_HEALTH_PORTS}
+    found: dict[str, dict[str, float]] = {}
+    for name, port in ports.items():
+        try:
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10.0).text
+        except httpx.HTTPError:
+            found[name] = {}
+            continue
+        figures: dict[str, float] = {"over_100ms": 0.0}
+        for suffix, generation, value in re.findall(
+            r'^tenure_process_gc_pause_seconds_(count|sum)\{generation="(\d)"\} (\S+)$', text, re.M
+        ):
+            figures[f"g{generation}_{suffix}"] = float(value)
+        for generation, value in re.findall(
+            r'^tenure_process_gc_pause_seconds_bucket\{generation="(\d)",le="0\.1"\} (\S+)$', text, re.M
+        ):
+            figures["over_100ms"] += figures.get(f"g{generation}_count", 0.0) - float(value)
+        found[name] = figures
+    return found
+
+
+def gc_summary(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> str:
+    """What the collector did between two `gc_pauses`, per service, for the report."""
+    parts = []
+    for name, late in after.items():
+        early = before.get(name, {})
+        if not late or not early:
+            parts.append(f"{name}: not scraped")
+            continue
+        delta = {k: late.get(k, 0.0) - early.get(k, 0.0) for k in late}
+        parts.append(
+            f"{name}: {delta.get('g2_count', 0):.0f} full passes ({delta.get('g2_sum', 0) * 1000:,.0f} ms), "
+            f"{delta.get('g1_count', 0):.0f} middle ({delta.get('g1_sum', 0) * 1000:,.0f} ms), "
+            f"{delta.get('over_100ms', 0):.0f} over 100 ms"
+        )
+    return "; ".join(parts)
 
 
 def start_services(

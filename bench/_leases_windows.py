@@ -68,6 +68,7 @@ class StepResult:
     warm_up: StepResult | None = None  # the heartbeats before the window (--warm-up-seconds)
     started_at_claim: bool = False  # each run's first heartbeat was sent right after its claim
     kept_alive: Calls | None = None  # renewals while the claims went on (bench/_leases_keeper.py)
+    gc: str = ""  # the services' garbage-collector passes in the window (_leases_system.gc_summary)
 
     @property
     def offered(self) -> float:

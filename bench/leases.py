@@ -72,6 +72,8 @@ from bench._leases_system import (
     TENANT,
     EventWatch,
     coordinator_partitions,
+    gc_pauses,
+    gc_summary,
     keepalive_fraction,
     start_services,
     submit_runs,
@@ -249,6 +251,7 @@ async def renewal_step(
     release: bool,
 ) -> StepResult:
     label = f"H={heartbeat_s}s"
+    api_port = int(base_url.rsplit(":", 1)[1])
     async with open_pool(args.client, base_url, args.concurrency) as http:
         say(f"(r) {label}: claiming {len(run_ids)} runs, {args.concurrency} at a time")
         before, t0 = cpu.snapshot(), time.monotonic()
@@ -301,8 +304,10 @@ async def renewal_step(
         async def window_marks() -> None:
             # The log's ends first (the events and markers of the window count from them), the
             # API's metrics beside them: an HTTP call to an API under load can take a while.
-            marks["ends"], marks["metrics"] = await asyncio.gather(
-                asyncio.to_thread(end_offsets, bootstrap), decision_wait(http, "RenewLease")
+            marks["ends"], marks["metrics"], marks["gc"] = await asyncio.gather(
+                asyncio.to_thread(end_offsets, bootstrap),
+                decision_wait(http, "RenewLease"),
+                asyncio.to_thread(gc_pauses, api_port),
             )
 
         def at_window() -> None:  # the measured window begins: the CPU meters and the log's ends
@@ -335,6 +340,7 @@ async def renewal_step(
         metrics_before, ends_before = marks["metrics"], marks["ends"]
         step.expiry = await expiry_task
         metrics_after, ends_after = await decision_wait(http, "RenewLease"), end_offsets(bootstrap)
+        step.gc = gc_summary(marks["gc"], await asyncio.to_thread(gc_pauses, api_port))
         if (count := metrics_after[1] - metrics_before[1]) > 0:
             step.decision_ms = (metrics_after[0] - metrics_before[0]) / count * 1000
         step.events, step.markers = watch.markers(ends_before, ends_after)

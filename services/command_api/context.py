@@ -67,7 +67,6 @@ from services.common.topics import (
     QUARANTINE_REJECTIONS,
     RUNS_EVENTS,
     RUNS_REJECTIONS,
-    RUNS_RENEWALS,
     TRAJECTORIES_EVENTS,
     TRAJECTORIES_REJECTIONS,
     WATCHDOG_EVENTS,
@@ -187,13 +186,7 @@ def open_dependencies(
     codec = MessageCodec()
     api_keys = load_api_keys()
     warn_if_development_mode(api_keys, "tenure-command-api")
-    # runs.renewals too: a renewal kept off runs.events is answered from there (issue 16).
-    decisions = DecisionListener(
-        bootstrap_servers,
-        codec,
-        topics=(RUNS_EVENTS.name, RUNS_REJECTIONS.name, RUNS_RENEWALS.name),
-        kept_topics=(RUNS_RENEWALS.name,),
-    )
+    decisions = DecisionListener(bootstrap_servers, codec, topics=(RUNS_EVENTS.name, RUNS_REJECTIONS.name))
     trajectory_decisions = DecisionListener(
         bootstrap_servers,
         codec,
@@ -220,7 +213,15 @@ def open_dependencies(
         client_id="tenure-command-api",
         delivery_timeout_s=delivery_timeout_for(decision_timeout_s),
     )
-    projection = ApiProjection(bootstrap_servers, views_path, codec)
+    # A renewal kept off runs.events is answered from runs.renewals, which the projection reads
+    # into the renewal history anyway: one consumer and one decode per renewal (issue 16).
+    projection = ApiProjection(
+        bootstrap_servers,
+        views_path,
+        codec,
+        on_kept=decisions.deliver_kept,
+        cached_briefs=TenureSettings().api_brief_cache_runs,
+    )
     return ApiDependencies(
         publisher=publisher,
         decisions=decisions,

@@ -202,10 +202,14 @@ class ApiProjection:
         client_id: str = "tenure-api-views",
         *,
         seed_runs: bool = True,
+        on_kept: Callable[[list[tuple[str, dict[str, Any]]]], None] | None = None,
+        cached_briefs: int = 0,
     ) -> None:
         """`seed_runs`: an empty store's Run views are seeded from the state changelog before
         they follow runs.events (`_seed_runs`); False folds every event (bench/api_catch_up.py
-        compares the two)."""
+        compares the two). `on_kept`: each batch of runs.renewals records, decoded, once this
+        store holds them (the API's DecisionListener.deliver_kept answers their commands).
+        `cached_briefs`: Run briefs kept decoded in memory (services/projections/brief_cache.py)."""
         path.mkdir(parents=True, exist_ok=True)
         self._seed_runs_first = seed_runs
         self._bootstrap = bootstrap_servers
@@ -218,7 +222,8 @@ class ApiProjection:
                 "one state dir need distinct TENURE_INSTANCE_IDs"
             ) from exc
         self._codec = codec
-        self.runs = RunViewStore(self.store, codec)
+        # This instance alone writes its store, so it may keep the briefs it wrote (issue 16).
+        self.runs = RunViewStore(self.store, codec, cached_briefs=cached_briefs)
         self.trajectories = TrajectoryViewStore(self.store, codec)
         self.watchdogs = WatchdogViewStore(self.store, codec)
         self.renewals = RenewalHistoryStore(self.store, codec)
@@ -229,7 +234,10 @@ class ApiProjection:
             RUNS_EVENTS.name: (self.runs.offsets, self.runs.apply),
             TRAJECTORIES_EVENTS.name: (self.trajectories.offsets, self.trajectories.apply),
             WATCHDOG_EVENTS.name: (self.watchdogs.offsets, self.watchdogs.apply),
-            RUNS_RENEWALS.name: (self.renewals.offsets, self.renewals.apply),
+            RUNS_RENEWALS.name: (
+                self.renewals.offsets,
+                lambda records, undecodable: self.renewals.apply(records, undecodable, on_kept),
+            ),
         }
         self._targets: dict[str, dict[int, int] | None] = dict.fromkeys(VIEW_TOPICS)
         self._failures: dict[str, str | None] = dict.fromkeys(VIEW_TOPICS)

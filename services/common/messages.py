@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from services.common.avro import EventPeek, SchemaRegistry, UndecodableRecord, default_registry
@@ -48,8 +48,13 @@ class MessageCodec:
     def decode(self, data: bytes) -> Any:
         """The contract value of an encoded record; raises UndecodableRecord with a reason code."""
         decoded = self._registry.decode(data)
+        return self.contract_of(decoded.full_name, decoded.record)
+
+    @staticmethod
+    def contract_of(full_name: str, record: Mapping[str, Any]) -> Any:
+        """The contract value of a wire record (`decode_record`'s); raises UndecodableRecord."""
         try:
-            return from_record(decoded.full_name, decoded.record)
+            return from_record(full_name, record)
         except (KeyError, TypeError) as exc:
             raise UndecodableRecord("UNKNOWN_CONTRACT", str(exc)) from exc
 

@@ -110,6 +110,13 @@ class TenureSettings(KafkaSettings):
     api_host: str = "127.0.0.1"
     api_port: int = 8000
     decision_timeout_s: float = Field(default=5.0, gt=0, le=60)
+    api_brief_cache_runs: int = Field(
+        default=100_000,
+        ge=0,
+        le=10_000_000,
+        description="Decoded Run briefs an API instance keeps in memory for heartbeats (about 1.5 kB "
+        "each); 0: read each from its views store (services/projections/brief_cache.py).",
+    )
     session_timeout_s: float = Field(default=10.0, ge=6, le=300)
     # How long a processor waits for more commands before deciding a batch: longer carries more
     # commands per Kafka transaction (less CPU each). 5 ms gave ~19% more workflows/s than 1 ms

@@ -79,10 +79,15 @@ class RenewalHistoryStore:
         self,
         records: Iterable[InboundRecord],
         on_undecodable: Callable[[InboundRecord, UndecodableRecord], None] | None = None,
+        on_stored: Callable[[list[tuple[str, dict[str, Any]]]], None] | None = None,
     ) -> int:
         """Fold a batch of runs.renewals records; returns how many renewals it held. The buckets
-        the batch's newest renewal puts wholly past the retention are deleted in the same write."""
+        the batch's newest renewal puts wholly past the retention are deleted in the same write.
+        `on_stored` gets every decoded record (full name, wire record) once the write is done:
+        the API answers kept renewals from them (DecisionListener.deliver_kept), so that an
+        accepted renewal is already in the history its answer points to."""
         puts: dict[str, bytes] = {}
+        decoded: list[tuple[str, dict[str, Any]]] = []
         renewed_in_batch: list[dict[str, Any]] = []
         for record in records:
             puts[f"{_OFFSETS}{record.partition}"] = str(record.offset + 1).encode()
@@ -95,6 +100,7 @@ class RenewalHistoryStore:
                 if on_undecodable is not None:
                     on_undecodable(record, exc)
                 continue
+            decoded.append((full_name, renewed))
             if full_name == _LEASE_RENEWED:
                 renewed_in_batch.append(renewed)
                 self._newest_at = max(self._newest_at, renewed["occurredAt"])
@@ -113,6 +119,8 @@ class RenewalHistoryStore:
             self._store.write(puts, delete_ranges=expired)
             if expired:  # raised only once written: a failed write deletes the range next time
                 self._floor = expired_before
+        if on_stored is not None and decoded:
+            on_stored(decoded)
         return len(renewed_in_batch)
 
     def _expired(self, expired_before: str) -> tuple[tuple[str, str], ...]:

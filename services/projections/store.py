@@ -37,6 +37,7 @@ from services.common.messages import MessageCodec, UndecodableRecord
 from services.common.store import KeyValueStore
 from services.common.topics import RUNS_EVENTS
 from services.lease_coordinator.domain import RunState
+from services.projections.brief_cache import BriefCache
 from services.projections.fold_codec import (
     brief_from,
     brief_of,
@@ -167,12 +168,16 @@ def _offset_key(partition: int) -> str:
 
 
 class RunViewStore:
-    def __init__(self, store: KeyValueStore, codec: MessageCodec) -> None:
+    def __init__(self, store: KeyValueStore, codec: MessageCodec, *, cached_briefs: int = 0) -> None:
+        """`cached_briefs`: keep up to that many decoded briefs in memory (brief_cache.py); only
+        for a store that this instance alone writes (the API's own projection): a brief written
+        by another instance would not reach this one's cache."""
         self._store = store
         self._codec = codec
         self._layout_current = False
         # run id -> (the fold's bytes as written, the fold), least recently written first.
         self._recent: OrderedDict[str, tuple[bytes, RunFold]] = OrderedDict()
+        self._briefs = BriefCache(cached_briefs) if cached_briefs > 0 else None
 
     # --- reads ------------------------------------------------------------------------------
 
@@ -182,9 +187,22 @@ class RunViewStore:
         return render_run(fold) if fold is not None else None
 
     def brief(self, run_id: str) -> dict[str, Any] | None:
-        """A few fields of the view that hot paths need (heartbeats), without the whole history."""
+        """A few fields of the view that hot paths need (heartbeats), without the whole history.
+        With `cached_briefs`, the dict may be shared with other readers: do not change it."""
+        cache = self._briefs
+        if cache is None:
+            raw = self._store.get(f"brief/{run_id}")
+            return decode_view(raw) if raw is not None else None
+        brief = cache.get(run_id)
+        if brief is not None:
+            return brief
+        generation = cache.generation  # before the read: see brief_cache.py
         raw = self._store.get(f"brief/{run_id}")
-        return decode_view(raw) if raw is not None else None
+        if raw is None:
+            return None
+        brief = decode_view(raw)
+        cache.fill(run_id, brief, generation)
+        return brief
 
     def fold(self, run_id: str) -> RunFold | None:
         """The run's whole fold, its history included."""
@@ -357,8 +375,10 @@ class RunViewStore:
                     claimed_by = event.causation_id if isinstance(event, AttemptClaimed) else ""
                     puts[held_after[0]] = claimed_by.encode()
         written: dict[str, tuple[bytes, RunFold]] = {}
+        briefs: dict[str, dict[str, Any]] = {}
         for run_id, fold in folds.items():
-            puts[f"brief/{run_id}"] = encode_view(brief_of(fold))
+            brief = briefs[run_id] = brief_of(fold)
+            puts[f"brief/{run_id}"] = encode_view(brief)
             encoded = puts[f"fold/{run_id}"] = encode_fold(fold)
             written[run_id] = (encoded, fold)
         if not self._layout_current:
@@ -366,6 +386,10 @@ class RunViewStore:
         if puts or deletes:
             self._store.write(puts, tuple(k for k in deletes if k not in puts))
             self._layout_current = True
+            if self._briefs is not None:
+                if outdated:  # every run's brief was deleted with the old layout
+                    self._briefs.clear()
+                self._briefs.written(briefs)
         for run_id, kept in written.items():
             self._remember(run_id, kept)
         return applied
@@ -377,6 +401,7 @@ class RunViewStore:
         self._store.write({_LAYOUT_KEY: _REBUILDING})
         self._layout_current = False
         self._recent.clear()
+        self._clear_briefs()
 
     def write_entries(self, entries: Iterable[tuple[str, int, bytes]]) -> None:
         """A rebuild's history entries (run id, version, the event's own bytes; each run's in
@@ -414,6 +439,11 @@ class RunViewStore:
         puts[_LAYOUT_KEY] = _LAYOUT
         self._store.write(puts)
         self._layout_current = True
+        self._clear_briefs()
+
+    def _clear_briefs(self) -> None:
+        if self._briefs is not None:
+            self._briefs.clear()
 
     def _recent_fold(self, run_id: str) -> RunFold | None:
         """The fold this store last wrote for the run, if the store still holds exactly that."""
@@ -438,6 +468,7 @@ class RunViewStore:
         self._store.clear()
         self._layout_current = False
         self._recent.clear()
+        self._clear_briefs()
 
     def clear_runs(self) -> None:
         """Delete the Run views, their history and offsets, and nothing else: an API instance
@@ -447,6 +478,7 @@ class RunViewStore:
             self._store.write({}, (*keys, _LAYOUT_KEY))
         self._layout_current = False
         self._recent.clear()
+        self._clear_briefs()
 
     def count(self) -> int:
         """How many runs have a view (none is rendered to count them)."""

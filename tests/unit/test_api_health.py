@@ -102,6 +102,9 @@ def test_the_api_says_development_mode_loudly_once_when_it_opens_its_dependencie
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             self.kwargs = kwargs
 
+        def deliver_kept(self, decoded: Any) -> None:
+            """The decision follower's hook, handed to the projection (never called here)."""
+
     clients = (
         "CommandPublisher",
         "DecisionListener",

@@ -44,3 +44,23 @@ def test_a_service_collects_its_young_generation_less_often_and_still_collects_i
     nodes = [_Node() for _ in range(SERVICE_THRESHOLDS[0] + 1000)]  # more than the young threshold
     assert gc.get_stats()[0]["collections"] > before, "the young generation is still collected"
     del nodes
+
+
+def test_every_pass_of_the_collector_is_timed_by_generation_and_served_on_metrics() -> None:
+    from prometheus_client import generate_latest
+
+    from services.common.heap import GC_PAUSE_BUCKETS, gc_pauses, time_gc_pauses
+    from services.common.metrics import metrics_registry
+
+    time_gc_pauses()
+    time_gc_pauses()  # once per process, however often asked
+    before = gc_pauses().get(2)
+    gc.collect()
+    after = gc_pauses()[2]
+    assert after.count == (before.count if before else 0) + 1, "one full pass, timed once"
+    assert 0 < after.longest_s <= after.total_s
+    assert after.buckets[-1] == after.count or after.longest_s > GC_PAUSE_BUCKETS[-1]
+    assert list(after.buckets) == sorted(after.buckets), "the bounds count cumulatively"
+    text = generate_latest(metrics_registry()).decode()
+    assert f'tenure_process_gc_pause_seconds_count{{generation="2"}} {float(after.count)}' in text
+    assert 'tenure_process_gc_pause_longest_seconds{generation="2"}' in text

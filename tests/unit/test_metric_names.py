@@ -54,7 +54,7 @@ UNBOUNDED_LABELS = {
 # own constructors (e.g. the runner host's histogram, the breaker collector's family).
 DEFINITION = re.compile(
     r"\b(counter|gauge|histogram)\(\s*\w+,\s*\"(tenure_\w+)\""
-    r"|\b(Counter|Gauge|Histogram|Summary|GaugeMetricFamily|CounterMetricFamily)\(\s*\"(tenure_\w+)\"",
+    r"|\b(Counter|Gauge|Histogram|Summary|GaugeMetricFamily|CounterMetricFamily|HistogramMetricFamily)\(\s*\"(tenure_\w+)\"",
 )
 KIND = {"counter": "counter", "gauge": "gauge", "histogram": "histogram", "summary": "summary"}
 
