@@ -147,6 +147,9 @@ class ApiDependencies:
     # version (services/command_api/as_of.py): (run id, submitted at, until ms) -> events.
     # None: GET /runs/{id}?asOf= answers 503.
     run_history: Callable[[str, int, int | None], Iterator[RunEvent]] | None = None
+    # Admission control for batch renewals (TENURE_API_SHED_AFTER_MS, lease_batch.py): refused
+    # while a batch this instance waits for has waited longer than this; 0: never.
+    shed_after_s: float = 0.0
 
     def close(self) -> None:
         if self.schedules is not None:
@@ -215,12 +218,13 @@ def open_dependencies(
     )
     # A renewal kept off runs.events is answered from runs.renewals, which the projection reads
     # into the renewal history anyway: one consumer and one decode per renewal (issue 16).
+    settings = TenureSettings()
     projection = ApiProjection(
         bootstrap_servers,
         views_path,
         codec,
         on_kept=decisions.deliver_kept,
-        cached_briefs=TenureSettings().api_brief_cache_runs,
+        cached_briefs=settings.api_brief_cache_runs,
     )
     return ApiDependencies(
         publisher=publisher,
@@ -239,7 +243,8 @@ def open_dependencies(
         clock=SystemClock(),
         api_keys=api_keys,
         decision_timeout_s=decision_timeout_s,
-        objects=open_object_store(TenureSettings(), artifacts_path),  # filesystem unless S3
+        shed_after_s=settings.api_shed_after_ms / 1000,
+        objects=open_object_store(settings, artifacts_path),  # filesystem unless S3
         blocks=BlockList(bootstrap_servers, client_id="tenure-api-policy"),
         trajectory_decisions=trajectory_decisions,
         watchdog_decisions=watchdog_decisions,
@@ -248,7 +253,7 @@ def open_dependencies(
             publisher, breaker_decisions, "tenure-command-api", actor="tenure-command-api", codec=codec
         ),
         breaker_decisions=breaker_decisions,
-        bulkheads=configured_bulkheads(TenureSettings()),
+        bulkheads=configured_bulkheads(settings),
         quarantine=_quarantine_deps(bootstrap_servers, codec),
         schedules=ScheduleBoard(bootstrap_servers, "tenure-api-schedules"),
         run_history=lambda run_id, submitted_at, until_ms: read_run_events(
@@ -295,6 +300,12 @@ class ApiContext:
             ["command"],
             registry=self.metrics,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self._shed_total = Counter(
+            "tenure_api_requests_shed_total",
+            "Requests refused unpublished by admission control (TENURE_API_SHED_AFTER_MS), by route.",
+            ["route"],
+            registry=self.metrics,
         )
         self._deps: ApiDependencies | None = None
 
@@ -353,6 +364,33 @@ class ApiContext:
     async def in_thread(self, what: str, fn: Callable[..., T], *args: Any) -> T:
         """A blocking call (a store read, a file check) within the request's deadline."""
         return await self.bounded(asyncio.to_thread(fn, *args), what)
+
+    def admit(self, route: str) -> None:
+        """Admission control (TENURE_API_SHED_AFTER_MS): 503 `overloaded` with Retry-After,
+        before anything is published, while a batch this instance published earlier has waited
+        longer than the limit for its decisions.
+
+        Why: a coordinator that falls behind decides every renewal late, and past the request's
+        deadline each answer is work thrown away, so a queue that outgrows the deadline never
+        drains (docs/benchmarks.md, "100,000 live leases"). Refusing new batches keeps it short:
+        what is admitted is decided in time, and a runner's retry after Retry-After (its lease
+        has a TTL of many heartbeats) finds the queue drained. Nothing refused was recorded."""
+        limit = self.deps.shed_after_s
+        if limit <= 0:
+            return
+        waited = self.deps.decisions.oldest_wait_s()
+        if waited <= limit:
+            return
+        self._shed_total.labels(route).inc()
+        raise ApiProblem(
+            "overloaded",
+            f"the lease coordinator is behind: a batch renewal this API published {waited:.1f}s ago "
+            f"is still waiting for its decisions (TENURE_API_SHED_AFTER_MS={limit * 1000:g}); "
+            "nothing was sent",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+            retryAfterSeconds=RETRY_AFTER_S,
+            oldestWaitMs=int(waited * 1000),
+        )
 
     def unavailable(self, detail: str, **extensions: Any) -> ApiProblem:
         return ApiProblem(

@@ -30,7 +30,9 @@ Kafka did not take makes each of its items `unavailable`.
 What is refused as a whole (nothing is published): a body over TENURE_MAX_BODY_BYTES (413, the
 HTTP guard), more than MAX_BATCH_RENEWALS items, none, the same attemptId twice, or any item
 out of bounds (422 `validation-failed`, problem+json, as for every body model); a broker that
-acknowledged none of the commands (503 `unavailable`, Retry-After).
+acknowledged none of the commands (503 `unavailable`, Retry-After); and, by admission control,
+any batch while one this API instance published earlier has waited longer than
+TENURE_API_SHED_AFTER_MS for its decisions (503 `overloaded`, Retry-After: nothing is sent).
 """
 
 from __future__ import annotations
@@ -140,6 +142,7 @@ def add_batch_renewal(router: APIRouter, ctx: ApiContext) -> None:
     )
     async def renew_many(body: BatchRenewalRequest, request: Request) -> Any:
         who = ctx.principal(request)
+        ctx.admit("renew_leases")  # 503 overloaded while the coordinator is far behind
         path = request.url.path
         items = body.renewals
         results: list[dict[str, Any] | None] = [None] * len(items)

@@ -357,6 +357,15 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
             "Idempotency-Key is the same command and is decided once.",
         ),
         ProblemType(
+            "overloaded",
+            "The lease coordinator is behind; this batch was not sent",
+            503,
+            "Admission control (TENURE_API_SHED_AFTER_MS): a batch renewal this API instance "
+            "published earlier has waited longer than that for its decisions, so new batches are "
+            "refused, unpublished, until the coordinator catches up. Nothing was recorded: send "
+            "the same batch again after `Retry-After` seconds (`oldestWaitMs` says how far behind).",
+        ),
+        ProblemType(
             "not-ready",
             "The API is not ready",
             503,

@@ -17,7 +17,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Iterable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from services.common.backoff import Backoff
 from services.common.contracts import EVENT_TYPES, CommandRejected
@@ -92,8 +92,11 @@ class DecisionGroup:
     follower wakes the waiting request once, when the last of them arrives, instead of once per
     command. Read what arrived with `DecisionBook.decided`, at any time."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, command_ids: Sequence[str]) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, command_ids: Sequence[str], registered_at: float = 0.0
+    ) -> None:
         self.done: asyncio.Future[None] = loop.create_future()
+        self.registered_at = registered_at  # the book's monotonic clock
         self._loop = loop
         self._pending = set(command_ids)
         self._decided: dict[str, Decision] = {}
@@ -105,15 +108,21 @@ class DecisionBook:
     It also keeps the newest version heard of each aggregate, and wakes those waiting for an
     aggregate to pass a version: that is how a long-poll learns of a change the moment it is
     on the log, and how a view read knows whether it must catch up with the projection first.
+
+    And it says how long the oldest group still waiting has waited (`oldest_wait_s`): the API's
+    admission control for batch renewals (services/command_api/lease_batch.py) reads it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._monotonic = monotonic
         self._lock = threading.Lock()
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[Decision]]]] = {}
         self._grouped: dict[str, DecisionGroup] = {}  # command id -> the group waiting for it
         self._recent: OrderedDict[str, Decision] = OrderedDict()
         self._versions: OrderedDict[str, int] = OrderedDict()
         self._watchers: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[int], int]]] = {}
+        # The groups still waiting for a decision, oldest first (a dict keeps insertion order).
+        self._open: dict[DecisionGroup, None] = {}
 
     # --- versions -------------------------------------------------------------------------------
 
@@ -181,6 +190,7 @@ class DecisionBook:
                     group._decided[command_id] = decision
                     group._pending.discard(command_id)
                     if not group._pending:  # the last of it: one wake-up for the whole group
+                        self._open.pop(group, None)
                         woken.append((group._loop, group.done, None))
             while len(self._recent) > _REMEMBERED:
                 self._recent.popitem(last=False)
@@ -190,7 +200,7 @@ class DecisionBook:
     def register_many(self, command_ids: Sequence[str]) -> DecisionGroup:
         """One group for the decisions of `command_ids` (distinct, and in no other group); its
         `done` resolves once every one is decided or released. Register before publishing."""
-        group = DecisionGroup(asyncio.get_running_loop(), command_ids)
+        group = DecisionGroup(asyncio.get_running_loop(), command_ids, self._monotonic())
         with self._lock:
             for command_id in command_ids:
                 known = self._recent.get(command_id)
@@ -200,6 +210,8 @@ class DecisionBook:
                 else:
                     self._grouped[command_id] = group
             complete = not group._pending
+            if not complete:
+                self._open[group] = None
         if complete:
             group.done.set_result(None)
         return group
@@ -213,8 +225,17 @@ class DecisionBook:
                     del self._grouped[command_id]
                 group._pending.discard(command_id)
             complete = not group._pending
+            if complete:
+                self._open.pop(group, None)
         if complete:
             _resolve(group.done, None)
+
+    def oldest_wait_s(self) -> float:
+        """How long the oldest group still waiting for a decision has waited (0: none waits).
+        A group waits at most its request's deadline: it is released then, decided or not."""
+        with self._lock:
+            oldest = next(iter(self._open), None)
+        return 0.0 if oldest is None else max(0.0, self._monotonic() - oldest.registered_at)
 
     def decided(self, group: DecisionGroup) -> dict[str, Decision]:
         """The group's decisions that have arrived so far, by command id."""

@@ -117,6 +117,14 @@ class TenureSettings(KafkaSettings):
         description="Decoded Run briefs an API instance keeps in memory for heartbeats (about 1.5 kB "
         "each); 0: read each from its views store (services/projections/brief_cache.py).",
     )
+    api_shed_after_ms: int = Field(
+        default=2_000,
+        ge=0,
+        le=60_000,
+        description="Admission control: while a batch renewal this API instance waits for has "
+        "waited longer, new batch renewals are refused with 503 and Retry-After, unpublished; "
+        "0: never (services/command_api/lease_batch.py).",
+    )
     session_timeout_s: float = Field(default=10.0, ge=6, le=300)
     # How long a processor waits for more commands before deciding a batch: longer carries more
     # commands per Kafka transaction (less CPU each). 5 ms gave ~19% more workflows/s than 1 ms

@@ -157,6 +157,7 @@ class InMemoryTenure:
         self.commands: list[Any] = []  # every command the API published, decoded (envelopes opened)
         self.envelopes: list[RenewLeases] = []  # the RenewLeases records among them, as published
         self.mode = "up"  # up | down | queue_full | undecided
+        self.shed_after_s = 0.0  # the API's admission control (TENURE_API_SHED_AFTER_MS); 0: off
         self.kafka_error: str | None = None
         self._parked: list[tuple[OutboundRecord, Future[int]]] = []
         self._offset = 0
@@ -358,6 +359,7 @@ class InMemoryTenure:
             clock=self.clock,
             api_keys=parse_api_keys(api_keys),
             decision_timeout_s=decision_timeout_s,
+            shed_after_s=self.shed_after_s,
             objects=FilesystemObjectStore(tmp / "artifacts"),
             blocks=self.blocks,  # type: ignore[arg-type]
             trajectory_decisions=self.trajectory_book,
