@@ -97,7 +97,7 @@ class StreamSettings:
     # a backlog is split into parts under it, each its own transaction, so the first command of
     # a backlog of heavy records (a batch renewal's envelope carries ~60 commands) is answered
     # after its part, not after everything that was waiting.
-    batch_max_bytes: int = 65_536
+    batch_max_bytes: int = 262_144
     # How often timer work (lease expiry) runs: bounds how late an expiry is recorded.
     tick_interval_s: float = 0.1
     # faust's own chatter; raise to INFO/DEBUG when diagnosing rebalances.
