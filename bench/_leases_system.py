@@ -144,9 +144,9 @@ def coordinator_partitions() -> str:
 
 def gc_pauses(api_port: int) -> dict[str, dict[str, float]]:
     """Per service (the API and each coordinator): the garbage collector's passes so far from its
-    /metrics (tenure_process_gc_pause_seconds): count and seconds of the middle (1) and full (2)
-    generations, and how many passes of any generation took over 100 ms. Empty for a service
-    that did not answer."""
+    /metrics (tenure_process_gc_pause_seconds): count and seconds of each generation, how many
+    passes of any generation took over 100 ms, and the longest of each generation since the
+    process began. Empty for a service that did not answer."""
     ports = {"command_api": api_port, **COORDINATOR_HEALTH_PORTS}
     found: dict[str, dict[str, float]] = {}
     for name, port in ports.items():
@@ -164,6 +164,10 @@ def gc_pauses(api_port: int) -> dict[str, dict[str, float]]:
             r'^tenure_process_gc_pause_seconds_bucket\{generation="(\d)",le="0\.1"\} (\S+)$', text, re.M
         ):
             figures["over_100ms"] += figures.get(f"g{generation}_count", 0.0) - float(value)
+        for generation, value in re.findall(
+            r'^tenure_process_gc_pause_longest_seconds\{generation="(\d)"\} (\S+)$', text, re.M
+        ):
+            figures[f"g{generation}_longest"] = float(value)
         found[name] = figures
     return found
 
@@ -177,10 +181,16 @@ def gc_summary(before: dict[str, dict[str, float]], after: dict[str, dict[str, f
             parts.append(f"{name}: not scraped")
             continue
         delta = {k: late.get(k, 0.0) - early.get(k, 0.0) for k in late}
+        # The longest pass is kept since the process began: one in the window only if it grew.
+        longest = max(
+            (late[k] for k in late if k.endswith("_longest") and late[k] > early.get(k, 0.0)), default=None
+        )
         parts.append(
             f"{name}: {delta.get('g2_count', 0):.0f} full passes ({delta.get('g2_sum', 0) * 1000:,.0f} ms), "
             f"{delta.get('g1_count', 0):.0f} middle ({delta.get('g1_sum', 0) * 1000:,.0f} ms), "
+            f"{delta.get('g0_count', 0):.0f} young ({delta.get('g0_sum', 0) * 1000:,.0f} ms), "
             f"{delta.get('over_100ms', 0):.0f} over 100 ms"
+            + (f", the longest {longest * 1000:,.0f} ms" if longest is not None else "")
         )
     return "; ".join(parts)
 
