@@ -106,7 +106,8 @@ def render(
             first = "" if s.started_at_claim else "; each run's first starts it (on runs.events)"
             lines.append(
                 f"| (r) H={s.heartbeat_s}s | warm-up: {warm.duration_s:g} s of heartbeats{batched}"
-                f"{first} | {warm.acked:,} | {warm.heartbeats.seconds:.2f} | "
+                f"{first} (answers: {_answers(warm.heartbeats)}) | {warm.acked:,} | "
+                f"{warm.heartbeats.seconds:.2f} | "
                 f"{warm.achieved:,.0f}/s | {_lat(warm.heartbeats.ok_ms)} | - |"
             )
         lines.append(
