@@ -132,11 +132,21 @@ class TenureUnavailable(TenureRunnerError):
     The request may have taken effect. It is not a refusal: the lease is in jeopardy, not lost.
     """
 
-    def __init__(self, operation: str, reason: str, status: int | None = None, problem_type: str = ""):
+    def __init__(
+        self,
+        operation: str,
+        reason: str,
+        status: int | None = None,
+        problem_type: str = "",
+        retry_after_s: float | None = None,
+    ):
         self.operation = operation
         self.reason = reason
         self.status = status
         self.problem_type = problem_type
+        # The answer's Retry-After, when it had one: how long the API asks to be left alone
+        # (a batch renewal refused `overloaded` by admission control was not sent at all).
+        self.retry_after_s = retry_after_s
         super().__init__(f"{operation}: outcome unknown ({reason})")
 
 

@@ -465,7 +465,14 @@ def _problem(
             return ToolFailed(status, slug, detail, body)
         if operation == "effect" and status == 504:
             return OutcomeUnknown(status, slug or "outcome-unknown", detail, body)
-        return TenureUnavailable(operation, f"HTTP {status} {slug or 'server error'}: {detail}", status, slug)
+        retry_after = headers.get("retry-after", "").strip()
+        return TenureUnavailable(
+            operation,
+            f"HTTP {status} {slug or 'server error'}: {detail}",
+            status,
+            slug,
+            float(retry_after) if retry_after.isdigit() else None,
+        )
     if operation == "claim":
         if status == 404:
             return RunNotFound(status, slug or "run-not-found", detail, body)

@@ -106,8 +106,17 @@ def test_a_whole_request_outage_raises_and_a_mismatched_answer_is_refused() -> N
             503, json={"type": "/problems/unavailable"}, headers={"Retry-After": "1"}
         )
     )
-    with TenureClient(API, GATEWAY, transport=down) as client, pytest.raises(TenureUnavailable):
+    with TenureClient(API, GATEWAY, transport=down) as client, pytest.raises(TenureUnavailable) as raised:
         client.renew_leases([(lease(1), 1)])
+    assert raised.value.retry_after_s == 1.0 and raised.value.problem_type == "unavailable"
+    shed = httpx.MockTransport(  # admission control: nothing was sent; wait Retry-After
+        lambda request: httpx.Response(
+            503, json={"type": "/problems/overloaded", "oldestWaitMs": 2400}, headers={"Retry-After": "3"}
+        )
+    )
+    with TenureClient(API, GATEWAY, transport=shed) as client, pytest.raises(TenureUnavailable) as raised:
+        client.renew_leases([(lease(1), 1)])
+    assert raised.value.problem_type == "overloaded" and raised.value.retry_after_s == 3.0
     short = httpx.MockTransport(lambda request: httpx.Response(200, json={"results": []}))
     with TenureClient(API, GATEWAY, transport=short) as client, pytest.raises(UnexpectedResponse):
         client.renew_leases([(lease(1), 1)])
