@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from services.common.contracts import CommandRejected, LeaseRenewed
+from services.common.contracts import LeaseRenewed
 from services.common.decisions import Decided, DecisionBook, DecisionListener, Rejected
 from services.common.kafka import InboundRecord
 from services.common.messages import MessageCodec
@@ -17,6 +17,7 @@ from services.common.store import MemoryStore
 from services.common.topics import RUNS_RENEWALS
 from services.projections.renewal_store import RenewalHistoryStore
 
+from .test_renewal_envelopes import _decision
 from .test_renewal_history import _record
 from .test_renewal_history import _renewed as renewed_event
 
@@ -85,7 +86,7 @@ def test_a_decision_of_another_type_on_the_kept_topic_answers_nothing() -> None:
     async def scenario() -> None:
         listener = _Listener()
         waiter = listener.register("cmd-x")
-        rejected = _rejection("cmd-x")
+        rejected = _decision("cmd-x").rejection
         listener.deliver_kept([CODEC.decode_record(CODEC.outbound("t", RUN, rejected, 0).value)])
         listener.deliver_kept([("no.such.Contract", {})])  # undecodable: skipped, not raised
         await asyncio.sleep(0.01)
@@ -103,7 +104,7 @@ def test_many_decisions_delivered_at_once_wake_a_group_once_and_every_waiter() -
         book.deliver_many([("a", a)])
         await asyncio.sleep(0.01)
         assert not group.done.done(), "b is still pending"
-        book.deliver_many([("b", b), ("c", c), ("late", Rejected(_rejection("late")))])
+        book.deliver_many([("b", b), ("c", c), ("late", _decision("late"))])
         await asyncio.wait_for(group.done, 5)
         assert book.decided(group) == {"a": a, "b": b}
         assert (await asyncio.wait_for(solo, 5)) == c
@@ -111,19 +112,3 @@ def test_many_decisions_delivered_at_once_wake_a_group_once_and_every_waiter() -
         assert remembered.done() and isinstance(remembered.result(), Rejected)
 
     asyncio.run(scenario())
-
-
-def _rejection(command_id: str) -> CommandRejected:
-    return CommandRejected(
-        event_id=f"rej-{command_id}",
-        run_id=RUN,
-        occurred_at=1,
-        causation_id=command_id,
-        correlation_id="c",
-        actor="a",
-        command_type="RenewLease",
-        code="STALE_EPOCH",
-        detail="d",
-        current_status="running",
-        current_version=3,
-    )
