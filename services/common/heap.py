@@ -19,6 +19,18 @@ thresholds"): the API spent 4.6 s in collections, with passes up to 184 ms, and 
 2.1 s; at (20,000, 50, 100) about 0.3 s each, with passes up to ~50 ms, and 10-15% less CPU
 per renewal in all. Cyclic garbage still goes: young cycles at the next young collection,
 older ones at a full collection.
+
+Services collect on a clock of their own (`CollectorSchedule`, on by default), not on CPython's
+count. CPython starts a young pass when container allocations minus deallocations pass the
+threshold, and a renewal replaces a kept state: the count barely moves, while every state kept
+since the last pass stays in the young generation. At 100,000 live leases (about ten tracked
+objects each) that is about a million objects, and the pass that finally comes walks them all:
+one such pass over 100 ms was the stall of the one missed 100,000-lease run (docs/benchmarks.md,
+2026-12-07). On a clock, a young pass walks what survived since the last one, whatever the count
+says: a tenth of a second of work, about a millisecond at 5,000 renewals/s; the middle generation
+every tenth pass (one second of survivors, ~10-20 ms); and the full pass, which walks everything
+(~0.4 s over 100,000 kept leases), once an hour by default, because only it frees a reference
+cycle that outlived the middle generation and Tenure's own state makes none.
 """
 
 from __future__ import annotations
@@ -34,7 +46,9 @@ from typing import Any
 __all__ = [
     "GC_PAUSE_BUCKETS",
     "SERVICE_THRESHOLDS",
+    "CollectorSchedule",
     "GcPauses",
+    "ScheduledCollector",
     "freeze_startup_heap",
     "gc_pauses",
     "no_cycle_collection",
@@ -96,6 +110,8 @@ class _PauseClock:
 
 
 _pause_clock = _PauseClock()
+# Set while `no_cycle_collection` runs: the scheduled passes wait for it too.
+_bulk_work = threading.Event()
 _pause_clock_lock = threading.Lock()
 
 
@@ -105,14 +121,76 @@ def gc_pauses() -> dict[int, GcPauses]:
     return _pause_clock.snapshot()
 
 
-def freeze_startup_heap() -> int:
-    """Collect once, freeze every object that is left, set the service thresholds, and time the
-    collector's passes from now on (`gc_pauses`); the number frozen."""
+@dataclass(frozen=True)
+class CollectorSchedule:
+    """When a service's collector passes run (see the module docstring). `young_interval_s`: a
+    young pass this often, 0 for CPython's own schedule (`SERVICE_THRESHOLDS`); every
+    `middle_every`-th one collects the middle generation too; a full pass every
+    `full_interval_s`, 0 for never."""
+
+    young_interval_s: float = 0.1
+    middle_every: int = 10
+    full_interval_s: float = 3600.0
+
+
+class ScheduledCollector:
+    """A daemon thread that runs the collector's passes on `schedule`'s clock while CPython's own
+    automatic collection is off; `stop` gives the automatic collection back."""
+
+    def __init__(self, schedule: CollectorSchedule) -> None:
+        self.schedule = schedule
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tenure-gc-schedule", daemon=True)
+
+    def start(self) -> ScheduledCollector:
+        gc.disable()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        gc.enable()
+
+    def _run(self) -> None:
+        plan = self.schedule
+        young_passes = 0
+        next_full = time.monotonic() + plan.full_interval_s
+        while not self._stop.wait(plan.young_interval_s):
+            if _bulk_work.is_set():
+                continue  # `no_cycle_collection`: the bulk work's objects are collected after it
+            if plan.full_interval_s > 0 and time.monotonic() >= next_full:
+                gc.collect(2)
+                next_full = time.monotonic() + plan.full_interval_s
+                continue
+            young_passes += 1
+            gc.collect(1 if young_passes % max(plan.middle_every, 1) == 0 else 0)
+
+
+_scheduled: list[ScheduledCollector] = []
+
+
+def freeze_startup_heap(schedule: CollectorSchedule | None = None) -> int:
+    """Collect once, freeze every object that is left, collect from now on by `schedule` (or, at
+    `young_interval_s` 0, by CPython's count with the service thresholds), and time the
+    collector's passes (`gc_pauses`); the number frozen. Once per process: a second call
+    freezes again and keeps the schedule already running."""
+    schedule = schedule or CollectorSchedule()
     gc.collect()
     gc.freeze()
     gc.set_threshold(*SERVICE_THRESHOLDS)
     time_gc_pauses()
+    with _pause_clock_lock:
+        if schedule.young_interval_s > 0 and not _scheduled:
+            _scheduled.append(ScheduledCollector(schedule).start())
     return gc.get_freeze_count()
+
+
+def stop_collector_schedule() -> None:
+    """Stop the schedule `freeze_startup_heap` started, if any (tests; a process just exits)."""
+    with _pause_clock_lock:
+        while _scheduled:
+            _scheduled.pop().stop()
 
 
 def time_gc_pauses() -> None:
@@ -130,8 +208,10 @@ def no_cycle_collection() -> Iterator[None]:
     itself (~5 us a record in py-spy's samples, issue 16)."""
     enabled = gc.isenabled()
     gc.disable()
+    _bulk_work.set()
     try:
         yield
     finally:
+        _bulk_work.clear()
         if enabled:
             gc.enable()

@@ -58,7 +58,7 @@ class CutAtShutdown:
 
 def serve_http(app: Any, host: str, port: int, settings: TenureSettings) -> None:
     """Serve `app` until the process is told to stop (uvicorn handles SIGTERM and SIGINT)."""
-    freeze_startup_heap()
+    freeze_startup_heap(settings.collector_schedule())
     uvicorn.run(
         CutAtShutdown(app),
         host=host,

@@ -167,7 +167,7 @@ def serve_aggregate(
         event_log.fence = stream.group_fence
         stream.fence_required = True  # and timer work waits until it can be fenced
     readiness.become(stream.checks)
-    freeze_startup_heap()
+    freeze_startup_heap(settings.collector_schedule())
     stream.run()
 
 

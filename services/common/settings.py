@@ -9,6 +9,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from services.common.heap import CollectorSchedule
+
 __all__ = ["KafkaSettings", "TenureSettings", "child_environment", "repo_root", "schema_dir_override"]
 
 
@@ -135,6 +137,20 @@ class TenureSettings(KafkaSettings):
     # 256 KiB, not 64: each part pays a transaction's wait, and with 64 KiB parts a backlog of
     # batch renewals at 100,000 live leases could not drain (docs/architecture.md).
     batch_max_bytes: int = Field(default=262_144, ge=1_024, le=16 * 1024 * 1024)
+    gc_young_interval_ms: float = Field(
+        default=100.0,
+        ge=0,
+        le=10_000,
+        description="A service's cyclic collector runs a young pass this often, the middle generation "
+        "every tenth; 0: CPython's own count-based schedule (services/common/heap.py).",
+    )
+    gc_full_interval_s: int = Field(
+        default=3_600,
+        ge=0,
+        le=86_400,
+        description="With the collector on a clock, a full pass (it walks every live object) this "
+        "often; 0: never.",
+    )
     log_level: str = "INFO"
     access_log: bool = Field(default=False, description="HTTP access log lines (JSON), every HTTP process.")
     http_shutdown_grace_s: int = Field(
@@ -380,6 +396,12 @@ class TenureSettings(KafkaSettings):
 
     def ledger_database(self) -> Path:
         return self.ledger_db or self.state_dir / "fenced_ledger.sqlite3"
+
+    def collector_schedule(self) -> CollectorSchedule:
+        """When this process's cyclic collector passes run (services/common/heap.py)."""
+        return CollectorSchedule(
+            young_interval_s=self.gc_young_interval_ms / 1000, full_interval_s=self.gc_full_interval_s
+        )
 
     def bootstrap_servers(self) -> str:
         if self.kafka_bootstrap_servers:

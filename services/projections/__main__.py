@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     health = serve_health(
         "tenure-projections", settings.projections_health_port, caught_up.checks, registry, settings.api_host
     )
-    freeze_startup_heap()
+    freeze_startup_heap(settings.collector_schedule())
     try:
         follow(bootstrap, path, stop, caught_up, ProjectionMetrics(registry))
     finally:
