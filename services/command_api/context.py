@@ -14,8 +14,10 @@ with Retry-After; a command that is durable but undecided is a 202 to poll.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from concurrent.futures import Future
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -307,6 +309,9 @@ class ApiContext:
             ["route"],
             registry=self.metrics,
         )
+        # Admitted batch renewals still unanswered: admission time by ticket, oldest first.
+        self._admitted: dict[int, float] = {}
+        self._tickets = itertools.count()
         self._deps: ApiDependencies | None = None
 
     @property
@@ -365,10 +370,35 @@ class ApiContext:
         """A blocking call (a store read, a file check) within the request's deadline."""
         return await self.bounded(asyncio.to_thread(fn, *args), what)
 
+    @contextmanager
+    def admitted(self, route: str) -> Iterator[None]:
+        """Admission control (TENURE_API_SHED_AFTER_MS) around a request: 503 `overloaded` with
+        Retry-After, before anything is published, while a request this instance admitted
+        earlier has been unanswered longer than the limit, or a batch it published has waited
+        that long for its decisions; otherwise the request counts as admitted until it answers.
+
+        The admitted request's whole time counts, not only its wait for decisions: under a load
+        past the machine's, requests waited seconds for their brief reads before they published
+        anything, and a measure of the decision wait alone refused none of them
+        (docs/benchmarks.md, "past the machine's capacity")."""
+        self.admit(route)
+        ticket = next(self._tickets)
+        self._admitted[ticket] = time.monotonic()
+        try:
+            yield
+        finally:
+            del self._admitted[ticket]
+
+    def oldest_admitted_s(self) -> float:
+        """How long the oldest admitted, unanswered request has run (0: none runs)."""
+        oldest = next(iter(self._admitted.values()), None)
+        return 0.0 if oldest is None else max(0.0, time.monotonic() - oldest)
+
     def admit(self, route: str) -> None:
         """Admission control (TENURE_API_SHED_AFTER_MS): 503 `overloaded` with Retry-After,
         before anything is published, while a batch this instance published earlier has waited
-        longer than the limit for its decisions.
+        longer than the limit for its decisions, or a request it admitted (`admitted`) has been
+        unanswered that long.
 
         Why: a coordinator that falls behind decides every renewal late, and past the request's
         deadline each answer is work thrown away, so a queue that outgrows the deadline never
@@ -378,15 +408,14 @@ class ApiContext:
         limit = self.deps.shed_after_s
         if limit <= 0:
             return
-        waited = self.deps.decisions.oldest_wait_s()
+        waited = max(self.deps.decisions.oldest_wait_s(), self.oldest_admitted_s())
         if waited <= limit:
             return
         self._shed_total.labels(route).inc()
         raise ApiProblem(
             "overloaded",
-            f"the lease coordinator is behind: a batch renewal this API published {waited:.1f}s ago "
-            f"is still waiting for its decisions (TENURE_API_SHED_AFTER_MS={limit * 1000:g}); "
-            "nothing was sent",
+            f"this API is behind: a batch renewal it admitted or published {waited:.1f}s ago is "
+            f"still unanswered (TENURE_API_SHED_AFTER_MS={limit * 1000:g}); nothing was sent",
             headers={"Retry-After": str(RETRY_AFTER_S)},
             retryAfterSeconds=RETRY_AFTER_S,
             oldestWaitMs=int(waited * 1000),

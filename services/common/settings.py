@@ -141,8 +141,15 @@ class TenureSettings(KafkaSettings):
         default=100.0,
         ge=0,
         le=10_000,
-        description="A service's cyclic collector runs a young pass this often, the middle generation "
-        "every tenth; 0: CPython's own count-based schedule (services/common/heap.py).",
+        description="A service's cyclic collector runs a young pass this often; 0: CPython's own "
+        "count-based schedule (services/common/heap.py).",
+    )
+    gc_middle_every: int = Field(
+        default=10,
+        ge=1,
+        le=1_000,
+        description="With the collector on a clock, every this-many-th pass collects the middle "
+        "generation too (1: every pass, so a survivor is walked once before the old generation).",
     )
     gc_full_interval_s: int = Field(
         default=3_600,
@@ -400,7 +407,9 @@ class TenureSettings(KafkaSettings):
     def collector_schedule(self) -> CollectorSchedule:
         """When this process's cyclic collector passes run (services/common/heap.py)."""
         return CollectorSchedule(
-            young_interval_s=self.gc_young_interval_ms / 1000, full_interval_s=self.gc_full_interval_s
+            young_interval_s=self.gc_young_interval_ms / 1000,
+            middle_every=self.gc_middle_every,
+            full_interval_s=self.gc_full_interval_s,
         )
 
     def bootstrap_servers(self) -> str:

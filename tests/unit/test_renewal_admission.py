@@ -3,7 +3,8 @@
 A coordinator far behind decides every renewal late; past the request's deadline each answer is
 wasted, and the queue never drains. The API refuses new batches, unpublished, with 503
 `overloaded` and Retry-After while a batch it published earlier has waited longer than the
-limit: the book says how long its oldest waiting group has waited, and the route reads it."""
+limit, or a batch it admitted has been unanswered that long: the book says how long its oldest
+waiting group has waited, the context how long its oldest admitted request has run."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from services.command_api.view_reader import ViewReader
 from services.common.contracts import RenewLease
+from services.common.contracts.ids import run_id_of_attempt
 from services.common.decisions import DecisionBook
 from tests.support.api_harness import InMemoryTenure, api_client
 from tests.unit.test_lease_batch_renewal import RITA, _held, item
@@ -183,3 +186,52 @@ def test_with_the_limit_at_zero_nothing_is_ever_refused(tmp_path: Path) -> None:
         )
         done.join(10)
         assert answer.status_code == 200 and answer.json()["pending"] == 1
+
+
+def test_a_batch_admitted_but_not_yet_published_counts_as_a_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the machine's capacity, admitted batches waited seconds for their brief reads before
+    they published anything: the admitted request's whole time counts, not only the decisions'."""
+    tenure = InMemoryTenure()
+    tenure.shed_after_s = 0.3
+    with api_client(tmp_path, api_keys="rita-key=rita:submitter", decision_timeout_s=3.0, tenure=tenure) as (
+        client,
+        _,
+    ):
+        first, second = _held(client, 2)
+        stuck_run = run_id_of_attempt(first["attemptId"])
+        entered, go_on = threading.Event(), threading.Event()
+        read_briefs = ViewReader.briefs
+
+        def slow_briefs(self: ViewReader, run_ids: list[str]) -> Any:
+            if stuck_run in run_ids and not go_on.is_set():
+                entered.set()
+                go_on.wait(5)
+            return read_briefs(self, run_ids)
+
+        monkeypatch.setattr(ViewReader, "briefs", slow_briefs)
+        stuck: dict[str, Any] = {}
+
+        def stuck_batch() -> None:
+            body = {"renewals": [item(first["attemptId"], 1, 1)]}
+            stuck["answer"] = client.post("/leases:renew", headers=RITA, json=body)
+
+        waiter = threading.Thread(target=stuck_batch)
+        waiter.start()
+        assert entered.wait(5), "the first batch is admitted and reading its briefs"
+        time.sleep(0.5)  # past the 0.3 s limit; nothing published, no decision awaited
+        published = len(tenure.commands_of(RenewLease))
+        refused = client.post(
+            "/leases:renew", headers=RITA, json={"renewals": [item(second["attemptId"], 1, 1)]}
+        )
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["type"] == "/problems/overloaded" and refused.json()["oldestWaitMs"] >= 300
+        assert len(tenure.commands_of(RenewLease)) == published, "nothing of either batch was sent yet"
+        go_on.set()
+        waiter.join(10)
+        assert stuck["answer"].status_code == 200 and stuck["answer"].json()["accepted"] == 1
+        again = client.post(
+            "/leases:renew", headers=RITA, json={"renewals": [item(second["attemptId"], 1, 1)]}
+        )
+        assert again.status_code == 200 and again.json()["accepted"] == 1, "admitted once it answered"
