@@ -45,7 +45,8 @@ def _answers(calls: Calls) -> str:
 def _timeline(steps: list[StepResult], buckets: int = 10) -> list[str]:
     """Ack p99 by when the renewal was sent, in `buckets` equal slices of each window: a tail
     that sits in one slice (the first heartbeats, which start the runs) reads differently from
-    one spread over the window."""
+    one spread over the window. Below it the p99 of each leg (send -> decided, decided -> ack,
+    split at the decision's serverTime), so that a slow slice shows where it lost its time."""
     lines = [
         f"Ack p99 (ms) by send time, the window cut in {buckets} equal slices (count in brackets):",
         "",
@@ -53,13 +54,22 @@ def _timeline(steps: list[StepResult], buckets: int = 10) -> list[str]:
         "|---:|" + "---:|" * buckets,
     ]
     for s in steps:
-        width = s.duration_s / buckets
-        slices: list[list[float]] = [[] for _ in range(buckets)]
-        for at, ms in s.ok_timeline:
-            slices[min(max(int(at / width), 0), buckets - 1)].append(ms)
-        cells = [f"{_ms(percentile(v, 99))} ({len(v):,})" if v else "-" for v in slices]
-        lines.append(f"| {s.heartbeat_s} s | " + " | ".join(cells) + " |")
+        lines.append(f"| {s.heartbeat_s} s | " + " | ".join(_slice_p99(s, s.ok_timeline, buckets, True)) + " |")
+        legs = s.legs_timeline
+        for leg, name in ((1, "send -> decided"), (2, "decided -> ack")):
+            if legs:
+                timeline = [(row[0], row[leg]) for row in legs]
+                cells = _slice_p99(s, timeline, buckets, False)
+                lines.append(f"| {s.heartbeat_s} s, {name} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _slice_p99(step: StepResult, timeline: list[tuple[float, float]], buckets: int, count: bool) -> list[str]:
+    width = step.duration_s / buckets
+    slices: list[list[float]] = [[] for _ in range(buckets)]
+    for at, ms in timeline:
+        slices[min(max(int(at / width), 0), buckets - 1)].append(ms)
+    return [(f"{_ms(percentile(v, 99))}" + (f" ({len(v):,})" if count else "")) if v else "-" for v in slices]
 
 
 def render(

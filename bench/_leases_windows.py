@@ -60,6 +60,9 @@ class StepResult:
     # same host, so comparable with the bench's wall clock): before and after the decision.
     to_decision_ms: list[float] = field(default_factory=list)
     after_decision_ms: list[float] = field(default_factory=list)
+    # (seconds after the window's start when sent, send -> decided ms, decided -> ack ms): which
+    # leg a slow slice of the window lost its time in.
+    legs_timeline: list[tuple[float, float, float]] = field(default_factory=list)
     decision_ms: float = float("nan")  # mean publish -> decision inside the API (its /metrics)
     events: int = 0
     markers: int = 0
@@ -155,6 +158,7 @@ def _accepted(
     if isinstance(decided_ms, int):
         into.to_decision_ms.append(decided_ms - sent_wall_ms)
         into.after_decision_ms.append(done_wall_ms - decided_ms)
+        into.legs_timeline.append((sent - t_phase, decided_ms - sent_wall_ms, done_wall_ms - decided_ms))
 
 
 async def heartbeat_window(
