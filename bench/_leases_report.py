@@ -54,7 +54,8 @@ def _timeline(steps: list[StepResult], buckets: int = 10) -> list[str]:
         "|---:|" + "---:|" * buckets,
     ]
     for s in steps:
-        lines.append(f"| {s.heartbeat_s} s | " + " | ".join(_slice_p99(s, s.ok_timeline, buckets, True)) + " |")
+        acks = _slice_p99(s, s.ok_timeline, buckets, True)
+        lines.append(f"| {s.heartbeat_s} s | " + " | ".join(acks) + " |")
         legs = s.legs_timeline
         for leg, name in ((1, "send -> decided"), (2, "decided -> ack")):
             if legs:
