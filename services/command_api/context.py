@@ -377,10 +377,9 @@ class ApiContext:
         earlier has been unanswered longer than the limit, or a batch it published has waited
         that long for its decisions; otherwise the request counts as admitted until it answers.
 
-        The admitted request's whole time counts, not only its wait for decisions: under a load
-        past the machine's, requests waited seconds for their brief reads before they published
-        anything, and a measure of the decision wait alone refused none of them
-        (docs/benchmarks.md, "past the machine's capacity")."""
+        The admitted request's whole time counts, not only its wait for decisions: a batch can
+        also wait before it publishes anything (its brief reads queue for the thread pool, the
+        event loop is behind), and that wait is the API's backlog as much as the coordinator's."""
         self.admit(route)
         ticket = next(self._tickets)
         self._admitted[ticket] = time.monotonic()

@@ -191,8 +191,8 @@ def test_with_the_limit_at_zero_nothing_is_ever_refused(tmp_path: Path) -> None:
 def test_a_batch_admitted_but_not_yet_published_counts_as_a_wait(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Past the machine's capacity, admitted batches waited seconds for their brief reads before
-    they published anything: the admitted request's whole time counts, not only the decisions'."""
+    """A batch can wait before it publishes anything (its brief reads queue for the thread pool):
+    the admitted request's whole time counts, not only its wait for decisions."""
     tenure = InMemoryTenure()
     tenure.shed_after_s = 0.3
     with api_client(tmp_path, api_keys="rita-key=rita:submitter", decision_timeout_s=3.0, tenure=tenure) as (
