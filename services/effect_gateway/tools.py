@@ -16,7 +16,7 @@ from services.common.bulkhead import Bulkheads
 from services.common.settings import TenureSettings
 from services.common.tracing import SpanKind, inject_into_http, span
 
-__all__ = ["ToolAnswer", "ToolRegistry", "ToolUnreachable", "parse_tools"]
+__all__ = ["KEEPALIVE_EXPIRY_S", "ToolAnswer", "ToolRegistry", "ToolUnreachable", "parse_tools"]
 
 
 def parse_tools(spec: str) -> dict[str, str]:
@@ -52,6 +52,14 @@ class ToolAnswer:
         return str(value) if value is not None else None
 
 
+# How long an idle connection to a tool is kept for reuse. httpx's default (5 s) equals the
+# keep-alive of uvicorn and Node servers (5 s): a connection reused just as the tool closes it
+# fails with a ReadError, and for an effect that is "outcome unknown", never retried blindly. In
+# CI a gateway's canary met exactly that (2026-12-07). Well under the common servers' keep-alive,
+# the gateway drops an idle connection before the tool does.
+KEEPALIVE_EXPIRY_S = 2.0
+
+
 class ToolRegistry:
     """Tools by name (TENURE_TOOLS="ledger=http://127.0.0.1:9100,...").
 
@@ -70,7 +78,11 @@ class ToolRegistry:
     ) -> None:
         self._tools = tools
         self.max_connections = max_connections
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        limits = httpx.Limits(
+            max_connections=max_connections,
+            max_keepalive_connections=max_connections,
+            keepalive_expiry=KEEPALIVE_EXPIRY_S,
+        )
         self._client = httpx.AsyncClient(timeout=timeout_s, transport=transport, limits=limits)
 
     @classmethod
