@@ -54,9 +54,10 @@ class ToolAnswer:
 
 # How long an idle connection to a tool is kept for reuse. httpx's default (5 s) equals the
 # keep-alive of uvicorn and Node servers (5 s): a connection reused just as the tool closes it
-# fails with a ReadError, and for an effect that is "outcome unknown", never retried blindly. In
-# CI a gateway's canary met exactly that (2026-12-07). Well under the common servers' keep-alive,
-# the gateway drops an idle connection before the tool does.
+# fails with a ReadError, and for an effect that is "outcome unknown", never retried blindly. A
+# CI run's canary most likely met exactly that (2026-12-07: a ReadError on the gateway's first
+# call to the tool in seconds). Well under the common servers' keep-alive, the gateway drops an
+# idle connection before the tool does.
 KEEPALIVE_EXPIRY_S = 2.0
 
 
