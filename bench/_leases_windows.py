@@ -57,11 +57,8 @@ class StepResult:
     # tail is (a burst of first heartbeats starting runs, a collection, a commit that stalls).
     ok_timeline: list[tuple[float, float]] = field(default_factory=list)
     # Split of each acknowledged heartbeat at `serverTime` (the coordinator's clock when it decided;
-    # same host, so comparable with the bench's wall clock): before and after the decision.
-    to_decision_ms: list[float] = field(default_factory=list)
-    after_decision_ms: list[float] = field(default_factory=list)
-    # (seconds after the window's start when sent, send -> decided ms, decided -> ack ms): which
-    # leg a slow slice of the window lost its time in.
+    # same host, so comparable with the bench's wall clock): (seconds after the window's start
+    # when sent, send -> decided ms, decided -> ack ms), so a slow slice shows which leg lost it.
     legs_timeline: list[tuple[float, float, float]] = field(default_factory=list)
     decision_ms: float = float("nan")  # mean publish -> decision inside the API (its /metrics)
     events: int = 0
@@ -84,6 +81,14 @@ class StepResult:
     @property
     def achieved(self) -> float:
         return self.acked / self.heartbeats.seconds if self.heartbeats.seconds else 0.0
+
+    @property
+    def to_decision_ms(self) -> list[float]:
+        return [to_decision for _, to_decision, _ in self.legs_timeline]
+
+    @property
+    def after_decision_ms(self) -> list[float]:
+        return [after_decision for _, _, after_decision in self.legs_timeline]
 
 
 class _Schedule:
@@ -156,8 +161,6 @@ def _accepted(
     into.ok_timeline.append((sent - t_phase, (done - sent) * 1000))
     into.from_slot_ms.append((done - slot) * 1000)
     if isinstance(decided_ms, int):
-        into.to_decision_ms.append(decided_ms - sent_wall_ms)
-        into.after_decision_ms.append(done_wall_ms - decided_ms)
         into.legs_timeline.append((sent - t_phase, decided_ms - sent_wall_ms, done_wall_ms - decided_ms))
 
 

@@ -465,13 +465,12 @@ def _problem(
             return ToolFailed(status, slug, detail, body)
         if operation == "effect" and status == 504:
             return OutcomeUnknown(status, slug or "outcome-unknown", detail, body)
-        retry_after = headers.get("retry-after", "").strip()
         return TenureUnavailable(
             operation,
             f"HTTP {status} {slug or 'server error'}: {detail}",
             status,
             slug,
-            float(retry_after) if retry_after.isdigit() else None,
+            _retry_after_s(headers),
         )
     if operation == "claim":
         if status == 404:
@@ -511,9 +510,9 @@ def _circuit_open(
             value = source.get(name)
             if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
                 waits.append(float(value) / scale)
-    retry_after = headers.get("retry-after", "").strip()
-    if not waits and retry_after.isdigit():
-        waits.append(float(retry_after))
+    retry_after = _retry_after_s(headers)
+    if not waits and retry_after is not None:
+        waits.append(retry_after)
     dependency = next(
         (
             str(v)
@@ -578,3 +577,9 @@ def _int(answer: Mapping[str, Any], name: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise UnexpectedResponse(f"answer field {name!r} should be an integer, got {value!r}")
     return value
+
+
+def _retry_after_s(headers: Mapping[str, str]) -> float | None:
+    """The answer's Retry-After in seconds, when it has one in delta-seconds form."""
+    retry_after = headers.get("retry-after", "").strip()
+    return float(retry_after) if retry_after.isdigit() else None
