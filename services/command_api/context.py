@@ -14,7 +14,6 @@ with Retry-After; a command that is durable but undecided is a 202 to poll.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -28,6 +27,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import Counter, Histogram
 
 from services.breakers.client import BreakerClient
+from services.command_api.admission import AdmissionControl
 from services.command_api.as_of import read_run_events
 from services.command_api.auth import Principal, load_api_keys, principal_of
 from services.command_api.breaker_board import ApiBreakerBoard, BreakerHistoryFold, configured_bulkheads
@@ -303,15 +303,7 @@ class ApiContext:
             registry=self.metrics,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
         )
-        self._shed_total = Counter(
-            "tenure_api_requests_shed_total",
-            "Requests refused unpublished by admission control (TENURE_API_SHED_AFTER_MS), by route.",
-            ["route"],
-            registry=self.metrics,
-        )
-        # Admitted batch renewals still unanswered: admission time by ticket, oldest first.
-        self._admitted: dict[int, float] = {}
-        self._tickets = itertools.count()
+        self.admission = AdmissionControl(self.metrics, RETRY_AFTER_S)
         self._deps: ApiDependencies | None = None
 
     @property
@@ -372,53 +364,11 @@ class ApiContext:
 
     @contextmanager
     def admitted(self, route: str) -> Iterator[None]:
-        """Admission control (TENURE_API_SHED_AFTER_MS) around a request: 503 `overloaded` with
-        Retry-After, before anything is published, while a request this instance admitted
-        earlier has been unanswered longer than the limit, or a batch it published has waited
-        that long for its decisions; otherwise the request counts as admitted until it answers.
-
-        The admitted request's whole time counts, not only its wait for decisions: a batch can
-        also wait before it publishes anything (its brief reads queue for the thread pool, the
-        event loop is behind), and that wait is the API's backlog as much as the coordinator's."""
-        self.admit(route)
-        ticket = next(self._tickets)
-        self._admitted[ticket] = time.monotonic()
-        try:
+        """Admission control (services/command_api/admission.py) around a request: 503
+        `overloaded` before anything is published while this instance is far behind."""
+        deps = self.deps
+        with self.admission.admitted(route, deps.shed_after_s, deps.decisions.oldest_wait_s()):
             yield
-        finally:
-            del self._admitted[ticket]
-
-    def oldest_admitted_s(self) -> float:
-        """How long the oldest admitted, unanswered request has run (0: none runs)."""
-        oldest = next(iter(self._admitted.values()), None)
-        return 0.0 if oldest is None else max(0.0, time.monotonic() - oldest)
-
-    def admit(self, route: str) -> None:
-        """Admission control (TENURE_API_SHED_AFTER_MS): 503 `overloaded` with Retry-After,
-        before anything is published, while a batch this instance published earlier has waited
-        longer than the limit for its decisions, or a request it admitted (`admitted`) has been
-        unanswered that long.
-
-        Why: a coordinator that falls behind decides every renewal late, and past the request's
-        deadline each answer is work thrown away, so a queue that outgrows the deadline never
-        drains (docs/benchmarks.md, "100,000 live leases"). Refusing new batches keeps it short:
-        what is admitted is decided in time, and a runner's retry after Retry-After (its lease
-        has a TTL of many heartbeats) finds the queue drained. Nothing refused was recorded."""
-        limit = self.deps.shed_after_s
-        if limit <= 0:
-            return
-        waited = max(self.deps.decisions.oldest_wait_s(), self.oldest_admitted_s())
-        if waited <= limit:
-            return
-        self._shed_total.labels(route).inc()
-        raise ApiProblem(
-            "overloaded",
-            f"this API is behind: a batch renewal it admitted or published {waited:.1f}s ago is "
-            f"still unanswered (TENURE_API_SHED_AFTER_MS={limit * 1000:g}); nothing was sent",
-            headers={"Retry-After": str(RETRY_AFTER_S)},
-            retryAfterSeconds=RETRY_AFTER_S,
-            oldestWaitMs=int(waited * 1000),
-        )
 
     def unavailable(self, detail: str, **extensions: Any) -> ApiProblem:
         return ApiProblem(

@@ -168,6 +168,7 @@ class ScheduledCollector:
 
 
 _scheduled: list[ScheduledCollector] = []
+_scheduled_lock = threading.Lock()  # start and stop of the one schedule may race in tests
 
 
 def freeze_startup_heap(schedule: CollectorSchedule | None = None) -> int:
@@ -180,7 +181,7 @@ def freeze_startup_heap(schedule: CollectorSchedule | None = None) -> int:
     gc.freeze()
     gc.set_threshold(*SERVICE_THRESHOLDS)
     time_gc_pauses()
-    with _pause_clock_lock:
+    with _scheduled_lock:
         if schedule.young_interval_s > 0 and not _scheduled:
             _scheduled.append(ScheduledCollector(schedule).start())
     return gc.get_freeze_count()
@@ -188,7 +189,7 @@ def freeze_startup_heap(schedule: CollectorSchedule | None = None) -> int:
 
 def stop_collector_schedule() -> None:
     """Stop the schedule `freeze_startup_heap` started, if any (tests; a process just exits)."""
-    with _pause_clock_lock:
+    with _scheduled_lock:
         while _scheduled:
             _scheduled.pop().stop()
 

@@ -12,6 +12,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,10 @@ import pytest
 from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
+from services.command_api.admission import AdmissionControl
+from services.command_api.problems import ApiProblem
 from services.command_api.view_reader import ViewReader
 from services.common.contracts import RenewLease
 from services.common.contracts.ids import run_id_of_attempt
@@ -235,3 +239,33 @@ def test_a_batch_admitted_but_not_yet_published_counts_as_a_wait(
             "/leases:renew", headers=RITA, json={"renewals": [item(second["attemptId"], 1, 1)]}
         )
         assert again.status_code == 200 and again.json()["accepted"] == 1, "admitted once it answered"
+
+
+@given(
+    limit_s=st.floats(0.0, 5.0),
+    published_wait_s=st.floats(0.0, 10.0),
+    admitted_ago_s=st.one_of(st.none(), st.floats(0.0, 10.0)),
+)
+@settings(max_examples=200, deadline=None)
+def test_admission_refuses_exactly_when_the_oldest_admitted_or_published_wait_passes_the_limit(
+    limit_s: float, published_wait_s: float, admitted_ago_s: float | None
+) -> None:
+    clock = _Clock()
+    control = AdmissionControl(CollectorRegistry(), retry_after_s=1, monotonic=clock)
+    with ExitStack() as held:
+        age = 0.0
+        if admitted_ago_s is not None:  # one request admitted earlier, still unanswered
+            held.enter_context(control.admitted("renew_leases", 0.0, 0.0))
+            began = clock.now
+            clock.now += admitted_ago_s
+            age = clock.now - began
+        refused = limit_s > 0 and max(published_wait_s, age) > limit_s
+        try:
+            with control.admitted("renew_leases", limit_s, published_wait_s):
+                assert control.oldest_admitted_s() == age
+            answered = "admitted"
+        except ApiProblem as problem:
+            answered = problem.slug
+            assert problem.headers == {"Retry-After": "1"}
+        assert answered == ("overloaded" if refused else "admitted")
+    assert control.oldest_admitted_s() == 0.0  # every admitted request counted out when it ended
