@@ -23,7 +23,9 @@ __all__ = [
     "Peer",
     "Raw",
     "Summary",
+    "cpu_per_workflow_rows",
     "legs_of",
+    "log_rows",
     "pct_interpolated",
     "pct_nearest",
     "render",
@@ -374,6 +376,43 @@ def raw_rows(raw: Raw | None, txns: dict[int, list[int]], seq: dict[int, CaseRes
     return rows
 
 
+def cpu_per_workflow_rows(cases: dict[str, CaseResult], cpu: dict[str, Cpu]) -> list[str]:
+    """Each process's CPU per workflow (ms) in each measured case: where a workflow's cost is."""
+    measured = [name for name in cases if name in cpu and cpu[name].per_process and cases[name].flows]
+    if not measured:
+        return []
+    names = sorted({n for name in measured for n in cpu[name].per_process})
+    rows = [
+        "| CPU ms per workflow | " + " | ".join(names) + " | all |",
+        "|---|" + "---:|" * (len(names) + 1),
+    ]
+    for name in measured:
+        rate = cases[name].workflows_per_s
+        per = cpu[name].per_process
+        cells = [1000 * per.get(n, 0.0) / rate for n in names]
+        rows.append(f"| {name} | " + " | ".join(f"{c:.1f}" for c in cells) + f" | {sum(cells):.0f} |")
+    return rows
+
+
+def log_rows(records: dict[int, dict[str, float]]) -> list[str]:
+    """What one workflow writes, by topic, at one client: records and commit markers (a
+    transaction leaves one marker on each partition it wrote); `__transaction_state` takes about
+    three records per transaction."""
+    if not records:
+        return []
+    sizes = sorted(records)
+    topics = sorted({t for per in records.values() for t, n in per.items() if n > 0})
+    rows = [
+        "| one client: offsets per workflow (records + commit markers) | "
+        + " | ".join(f"{k}-step" for k in sizes)
+        + " |",
+        "|---|" + "---:|" * len(sizes),
+    ]
+    for topic in topics:
+        rows.append(f"| {topic} | " + " | ".join(f"{records[k].get(topic, 0.0):.1f}" for k in sizes) + " |")
+    return rows
+
+
 def render(
     summary: Summary,
     clients: int,
@@ -385,6 +424,7 @@ def render(
     txns: dict[int, list[int]],
     seq: dict[int, CaseResult],
     cpu: dict[str, Cpu],
+    records: dict[int, dict[str, float]] | None = None,
 ) -> str:
     lines = headline(summary, clients, n_label)
     lines += [
@@ -397,10 +437,14 @@ def render(
         "",
     ]
     lines += case_rows(cases, cpu)
+    if per_workflow := cpu_per_workflow_rows(cases, cpu):
+        lines += ["", *per_workflow]
     if legs:
         lines += ["", *leg_rows(legs)]
     if recoveries:
         lines += ["", *recovery_rows(recoveries, cpu)]
     if raw is not None:
         lines += ["", *raw_rows(raw, txns, seq)]
+    if records:
+        lines += ["", *log_rows(records)]
     return "\n".join(lines)

@@ -52,10 +52,13 @@ from bench._steps_system import StepsSystem
 from bench._steps_workload import CaseResult, LegProbe, Poll, closed_loop
 from bench.foundation import cpu_seconds, say, section_body
 from bench.saga_unwind import raw_limits
+from services.common.kafka import CommittedEnds
+from services.common.topics import TOPICS
 
 __all__ = ["main"]
 
 T = TypeVar("T")
+TXN_LOG = "__transaction_state"  # the broker's own log of transactions
 SCENARIOS = ("none", "orchestrator", "coordinator", "broker")
 QUICK = {"n": 40, "warmup": 10, "seq_n": 10, "rec_n": 20, "recovery": "orchestrator", "raw_samples": 50}
 DEFAULTS = {"n": 2000, "warmup": 200, "seq_n": 300, "rec_n": 200, "recovery": ",".join(SCENARIOS)}
@@ -99,6 +102,13 @@ class CpuWindow:
         return Cpu(wall, tenure, broker, client, max(0.0, busy - tenure - broker - client), per)
 
 
+def log_ends(bootstrap: str) -> dict[str, int]:
+    """Every Tenure topic's end and the broker's transaction log's, summed over partitions:
+    what a phase wrote is the difference (records and commit markers)."""
+    ends = CommittedEnds(bootstrap)
+    return {name: sum(ends.ends(name).values()) for name in [t.name for t in TOPICS] + [TXN_LOG]}
+
+
 # --- the workload's thread; the main thread supervises ----------------------------------------------
 
 
@@ -133,6 +143,7 @@ def throughput(
     legs: list[Legs],
     txns: dict[int, list[int]],
     seq: dict[int, CaseResult],
+    records: dict[int, dict[str, float]],
 ) -> None:
     poll = Poll(args.poll_ms / 1000, args.max_poll_ms / 1000)
 
@@ -166,9 +177,13 @@ def throughput(
         probe = LegProbe(system.bootstrap)
         try:
             window = CpuWindow(system)
+            before = log_ends(system.bootstrap)
             one = loop(args.seq_n, 1, f"seq{steps}")
             cases[f"seq{steps}"], cpu[f"seq{steps}"] = one, window.stop()
             time.sleep(1.0)  # the follower may read the last records a moment later
+            if one.flows:
+                after = log_ends(system.bootstrap)
+                records[steps] = {t: (n - before.get(t, 0)) / len(one.flows) for t, n in after.items()}
             legs.append(legs_of(one.flows, probe, steps))
             txns[steps] = transactions_per_workflow(one.flows, probe)
             seq[steps] = one
@@ -306,12 +321,23 @@ def main(argv: list[str] | None = None) -> int:
         legs: list[Legs] = []
         txns: dict[int, list[int]] = {}
         seq: dict[int, CaseResult] = {}
+        records: dict[int, dict[str, float]] = {}
         for steps in args.step_sizes:
-            throughput(system, args, steps, tag, cases, cpu, legs, txns, seq)
+            throughput(system, args, steps, tag, cases, cpu, legs, txns, seq, records)
         results = recoveries(system, args, tag, cpu)
         n_label = f"N={args.n} after {args.warmup} warm-up"
         tables = render(
-            summarise(cases, results), args.clients, n_label, cases, legs, results, raw, txns, seq, cpu
+            summarise(cases, results),
+            args.clients,
+            n_label,
+            cases,
+            legs,
+            results,
+            raw,
+            txns,
+            seq,
+            cpu,
+            records,
         )
         print(tables, flush=True)
         say(f"done in {time.monotonic() - began:.0f}s; load average now {os.getloadavg()[0]:.2f}")
