@@ -14,7 +14,15 @@ from services.common.logs import uvicorn_log_config
 from services.common.problem_json import ProblemCatalog
 from services.common.settings import TenureSettings
 
-__all__ = ["CutAtShutdown", "serve_http"]
+__all__ = ["KEEP_ALIVE_S", "CutAtShutdown", "serve_http"]
+
+# How long a Tenure server keeps an idle client connection open. uvicorn's default (5 s) equals
+# httpx's client-side default, so a client reusing a connection just as the server closed it got
+# a ReadError: a retry for the saga executor, an "outcome unknown" for an effect (the gateway's
+# own tool client drops idle connections at 2 s for servers Tenure does not run,
+# services/effect_gateway/tools.py). Longer than every client Tenure ships keeps one idle
+# (httpx 5 s, aiohttp 15 s), the client always closes first.
+KEEP_ALIVE_S = 30
 
 _COMMON = ProblemCatalog()
 
@@ -73,4 +81,5 @@ def serve_http(app: Any, host: str, port: int, settings: TenureSettings) -> None
         # Bounded: uvicorn's default waits for every open request, so one held by a peer that
         # died mid-request kept a SIGTERMed process alive until it was SIGKILLed.
         timeout_graceful_shutdown=settings.http_shutdown_grace_s,
+        timeout_keep_alive=KEEP_ALIVE_S,
     )

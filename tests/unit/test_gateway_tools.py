@@ -11,9 +11,10 @@ import asyncio
 
 import httpx
 import pytest
+import uvicorn
 
 from services.common.settings import TenureSettings
-from services.effect_gateway.tools import ToolRegistry, parse_tools
+from services.effect_gateway.tools import KEEPALIVE_EXPIRY_S, ToolRegistry, parse_tools
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -61,10 +62,6 @@ def test_the_tools_come_from_the_settings_not_the_environment() -> None:
 def test_an_idle_connection_to_a_tool_is_dropped_before_the_tool_would_close_it() -> None:
     """A connection reused just as the tool's server closes it fails with a ReadError, an effect
     whose outcome is unknown. The gateway's keep-alive is well under uvicorn's (5 s, Node's too)."""
-    import uvicorn
-
-    from services.effect_gateway.tools import KEEPALIVE_EXPIRY_S
-
     server_keep_alive = uvicorn.Config(app=None).timeout_keep_alive
     assert server_keep_alive / 2 >= KEEPALIVE_EXPIRY_S
     registry = ToolRegistry({"ledger": "http://127.0.0.1:9"})

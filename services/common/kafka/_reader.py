@@ -217,7 +217,8 @@ class TopicFollower:
         # on average and up to 36 ms under load, where `position()` takes ~12 us. The API asks
         # after every poll of each followed topic (a tenth of its GIL-holding samples in py-spy;
         # no measurable change in the benches once removed, but no thread waits on it now).
-        self._partitions = [(tp.topic, tp.partition) for tp in assignment]
+        self._partitions = [TopicPartition(tp.topic, tp.partition) for tp in assignment]
+        self._partitions_of = {t: [tp for tp in self._partitions if tp.topic == t] for t in topics}
         # Until a partition yields a record its position is unknown: it is where it was assigned.
         self._assigned = {(tp.topic, tp.partition): tp.offset for tp in assignment if tp.offset >= 0}
         _LIVE_FOLLOWERS.add(self)
@@ -287,13 +288,9 @@ class TopicFollower:
             for p in metadata.partitions
         }
 
-    def _assignment(self, topic: str | None = None) -> list[TopicPartition]:
-        """The assigned partitions (of `topic`, or all), as fresh TopicPartitions to ask about."""
-        return [TopicPartition(t, p) for t, p in self._partitions if topic is None or t == topic]
-
     def positions(self, topic: str) -> dict[int, int]:
         """{partition: next offset this follower will return} (negative when not yet known)."""
-        return {tp.partition: tp.offset for tp in self._consumer.position(self._assignment(topic))}
+        return {tp.partition: tp.offset for tp in self._consumer.position(self._partitions_of.get(topic, []))}
 
     def lag(self) -> int | None:
         """Records between this follower's positions and the partitions' ends as it last heard
@@ -312,7 +309,7 @@ class TopicFollower:
 
     def _measure_lags(self) -> dict[tuple[str, int], int]:
         lags: dict[tuple[str, int], int] = {}
-        for tp in self._consumer.position(self._assignment()):
+        for tp in self._consumer.position(self._partitions):
             _, high = self._consumer.get_watermark_offsets(tp, cached=True)
             at = tp.offset if tp.offset >= 0 else self._assigned.get((tp.topic, tp.partition), -1)
             if high >= 0 and at >= 0:
