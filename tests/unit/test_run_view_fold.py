@@ -39,7 +39,7 @@ from services.lease_coordinator.domain import (
     superseded_lease,
 )
 from services.lease_coordinator.state_codec import decode_state, encode_state, state_record
-from services.projections.fold_codec import decode_fold, encode_fold, encode_view
+from services.projections.fold_codec import brief_of, decode_fold, encode_fold, encode_view
 from services.projections.store import RunViewStore
 from services.projections.views import (
     RunFold,
@@ -348,3 +348,58 @@ def test_a_state_stored_before_the_later_fields_existed_still_decodes() -> None:
         attempts_started=0,
         lease=dataclasses.replace(state.lease, capabilities=()),
     )
+
+
+# --- the brief's lease is the view's ------------------------------------------------------------
+
+_CHECKED = ("attemptId", "epoch", "leaseId", "certainty", "holderPrincipal")
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**_WALK)
+def test_the_briefs_lease_is_the_views_current_lease_for_the_holder_check_lease_1_lease_3(
+    walk_steps: list[Step], retry_safe: bool, max_attempts: int, timeout_seconds: int
+) -> None:
+    """A holder check reads the brief (services/command_api/holder_commands.current_lease): after
+    every event its lease says what the whole view's current lease says, field by field."""
+    run = walk(walk_steps, retry_safe=retry_safe, max_attempts=max_attempts, timeout_seconds=timeout_seconds)
+    current: RunFold | None = None
+    for event in run.events:
+        current = apply_run_event(current, event)
+        assert current is not None
+        view, brief = render_run(current), brief_of(current)
+        held = current.state.lease
+        if not current.leases:
+            assert brief["lease"] is None and view["lease"] is None
+        elif held is not None and held.epoch == current.leases[-1].epoch:
+            assert brief["lease"] == {key: view["lease"][key] for key in _CHECKED}
+        else:  # the state holds no lease of that epoch: the check reads the whole view
+            assert "lease" not in brief
+        assert brief["tenant"] == view["tenant"]
+
+
+def test_a_fold_whose_marks_do_not_name_their_grant_leaves_the_check_to_the_view() -> None:
+    run = walk(_STORY)
+    current = fold_run(run.events)
+    assert current is not None and current.leases
+    unnamed = dataclasses.replace(
+        current, leases=(*current.leases[:-1], dataclasses.replace(current.leases[-1], attempt_id=""))
+    )
+    assert "lease" not in brief_of(unnamed)
+
+
+def test_a_seeded_marks_placeholder_certainty_is_never_the_briefs() -> None:
+    """A seeded rebuild's marks say ACTIVE whatever became of the lease; the brief takes the
+    certainty from the state, or leaves the check to the whole view."""
+    run = walk([("claim", 0, 1_000), ("renew", 1, 1_000), ("report", 4, 1_000)])
+    current = fold_run(run.events)
+    assert current is not None and current.leases
+    placeholder = dataclasses.replace(current.leases[-1], certainty=LeaseCertainty.ACTIVE)
+    seeded = dataclasses.replace(current, leases=(*current.leases[:-1], placeholder))
+    brief = brief_of(seeded)
+    held = current.state.lease
+    if held is not None and held.epoch == placeholder.epoch:
+        view_certainty = render_run(current)["lease"]["certainty"]
+        assert brief["lease"]["certainty"] == held.certainty.value == view_certainty
+    else:
+        assert "lease" not in brief
