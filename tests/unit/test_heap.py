@@ -52,16 +52,25 @@ class _Node:
         self.other: _Node | None = None
 
 
+def _still_frozen(frozen: int) -> bool:
+    """The permanent generation still holds what was frozen. Not an exact count: a frozen object
+    leaves it when its last reference goes, and other threads of the test process (a worker's
+    Kafka clients, thread pools) drop references at any moment (a fresh clone's run, 2026-12-07,
+    saw 526,288 against 526,289). A collection that took the generation back would leave none."""
+    now = gc.get_freeze_count()
+    return frozen * 0.99 <= now <= frozen
+
+
 def test_what_exists_is_frozen_and_a_later_cycle_is_still_collected(thawed: None) -> None:
     frozen = freeze_startup_heap(COUNTED)
-    assert frozen > 1000 and gc.get_freeze_count() == frozen, "the imported frameworks are frozen"
+    assert frozen > 1000 and _still_frozen(frozen), "the imported frameworks are frozen"
     a, b = _Node(), _Node()
     a.other, b.other = b, a  # a cycle made after start-up: only the collector can free it
     gone = weakref.ref(a)
     del a, b
     gc.collect()
     assert gone() is None
-    assert gc.get_freeze_count() == frozen, "a collection leaves the frozen generation alone"
+    assert _still_frozen(frozen), "a collection leaves the frozen generation alone"
 
 
 def test_a_service_collects_its_young_generation_less_often_and_still_collects_it(thawed: None) -> None:
