@@ -42,8 +42,7 @@ import aiohttp
 
 from bench.foundation import say
 from services.common.broker import free_port, start_broker
-from services.common.kafka import OutboundRecord, TopicFollower, create_topics
-from services.common.kafka._transactional import TransactionalWriter
+from services.common.kafka import OutboundRecord, TopicFollower, TransactionalWriter, create_topics
 from services.common.topics import RUNS_EVENTS, TopicSpec
 
 __all__ = ["main"]

@@ -382,6 +382,10 @@ class ApiContext:
     async def view(self, run_id: str) -> dict[str, Any] | None:
         return await self.in_thread("the run views", self.deps.views.get, run_id)
 
+    async def brief(self, run_id: str) -> dict[str, Any] | None:
+        """The run's brief (ViewReader.brief): as found unless a newer version was heard."""
+        return await self.in_thread("the run views", self.deps.views.brief, run_id)
+
     async def with_every_renewal(self, run_id: str, view: dict[str, Any]) -> dict[str, Any]:
         """LEASE-2: the view's lease records with the renewals kept off runs.events (issue 16,
         on runs.renewals) merged in, everything on that topic as of now folded."""
@@ -543,7 +547,7 @@ async def check_holder(ctx: ApiContext, who_name: str, run_id: str, attempt_id: 
     not enough to use it. It reads the projection's small per-run brief, not the whole view,
     because every heartbeat passes here.
     """
-    brief = await ctx.in_thread("the run views", ctx.deps.views.brief, run_id)
+    brief = await ctx.brief(run_id)
     if brief is None or attempt_id not in brief["holders"]:
         # Perhaps granted through another API instance a moment ago: ask the fold up to the end.
         brief = await ctx.in_thread("the run views", ctx.deps.views.fresh_brief, run_id)

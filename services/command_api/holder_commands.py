@@ -75,7 +75,7 @@ async def current_lease(
             runId=run_id,
         )
     while True:
-        found = await ctx.in_thread("the run views", ctx.deps.views.brief, run_id)
+        found = await ctx.brief(run_id)
         if found is not None and "lease" not in found:
             found = await ctx.view(run_id)
         if found is None:

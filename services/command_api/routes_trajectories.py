@@ -289,7 +289,7 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
         command_id = keyed.command_id
         # current_lease found it: the tenant names its graph (QUA-2); a brief stored before it
         # carried the tenant sends this to the whole view.
-        run = await ctx.in_thread("the run views", ctx.deps.views.brief, run_id)
+        run = await ctx.brief(run_id)
         if run is None or "tenant" not in run:
             run = await ctx.view(run_id)
         command = StartTrajectory(
