@@ -17,7 +17,7 @@ PYTEST_PHASES = \
 	$(BIN)/pytest -m serial $(1) $(PYTEST_ARGS); b=$$?; \
 	for rc in $$a $$b; do if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then exit $$rc; fi; done
 
-.PHONY: help install kafka run test test-unit test-integration lint bench bench-leases bench-saga bench-faults bench-broker-restart bench-steps bench-step-floor clean
+.PHONY: help install kafka run test test-unit test-integration lint bench bench-leases bench-saga bench-faults bench-broker-restart bench-steps bench-step-floor bench-owner clean
 
 help:
 	@echo "make run    - install, fetch Kafka, start the whole system (tenure up)"
@@ -28,6 +28,7 @@ help:
 	@echo "make bench-broker-restart - time from kill -9 of the bundled broker until it answers again"
 	@echo "make bench-steps - durable steps beside DBOS / Restate (issue 11; STEPS_ARGS=--quick for a smoke run)"
 	@echo "make bench-step-floor - the broker's CPU per transaction and the HTTP stack's per request (issue 11)"
+	@echo "make bench-owner - the owner-per-partition design's core (group commit, no command topics) against DBOS (issue 11)"
 	@echo "make bench-breakers - retry herd, fail-fast latency, breaker propagation (issue 13, BRK-2/BRK-3)"
 	@echo "make bench-schedules - 10,000 every-minute schedules: firing lag and CPU (issue 15, EXE-14)"
 	@echo "make bench-runner-host - managed runner host: trigger -> frozen, trigger -> severed (issue 14, QUA-3)"
@@ -86,6 +87,9 @@ bench-steps: kafka
 
 bench-step-floor: kafka
 	$(BIN)/python -m bench.step_floor
+
+bench-owner: kafka
+	$(BIN)/python -m bench.owner_path
 
 # The full scoreboard: 1,000 trajectories per configuration (FAULTS_ARGS to change it).
 FAULTS_ARGS ?= --trajectories 1000 --seed 7 --workers 6 --out docs/benchmarks.md --plot docs/fault-scoreboard.png
