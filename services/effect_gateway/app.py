@@ -246,11 +246,12 @@ class VerifyBody(BaseModel):
 # --- the application ----------------------------------------------------------------------------
 
 
-def _caller(request: Request) -> Principal | None:
+async def _caller(request: Request) -> Principal | None:
     """The authenticated caller, None in development mode; AuthError (401) otherwise.
 
     A dependency, so it runs before the body is validated: a caller without a key learns
-    nothing, not even which of its fields are wrong."""
+    nothing, not even which of its fields are wrong. A coroutine, so that it runs on the event
+    loop and not in FastAPI's thread pool (tests/unit/test_no_thread_hop_per_request.py)."""
     keys: dict[str, Principal] = request.app.state.api_keys
     if not keys:
         return None
