@@ -84,13 +84,16 @@ class CountingLog:
         self.transactions = 0
         self.records = 0
         self.partitions = 0
+        self.commit_ms: list[float] = []  # each transaction: begin, produce, flush, commit
 
     def commit(self, records: Sequence[OutboundRecord]) -> dict[tuple[str, int], int]:
+        began = time.monotonic()
         written = self._inner.commit(records)
         if records:
             self.transactions += 1
             self.records += len(records)
             self.partitions += len(written)
+            self.commit_ms.append(1000 * (time.monotonic() - began))
         return written
 
     def read(self, topic: str, partition: int, start_offset: int) -> Iterator[InboundRecord]:
@@ -369,11 +372,14 @@ def create_app(runs: RunCommitter, trajectories: TrajectoryCommitter, clock: Sys
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
         took = sorted(runs.handle_ms + trajectories.handle_ms)
-        runs.handle_ms.clear()
-        trajectories.handle_ms.clear()
+        committing = sorted(runs.log.commit_ms + trajectories.log.commit_ms)
+        for kept in (runs.handle_ms, trajectories.handle_ms, runs.log.commit_ms, trajectories.log.commit_ms):
+            kept.clear()
         return {
             "handle_p50_ms": took[len(took) // 2] if took else 0.0,
             "handle_p99_ms": took[int(len(took) * 0.99)] if took else 0.0,
+            "commit_p50_ms": committing[len(committing) // 2] if committing else 0.0,
+            "commit_p99_ms": committing[int(len(committing) * 0.99)] if committing else 0.0,
             "batches": runs.batches + trajectories.batches,
             "commands": runs.commands + trajectories.commands,
             "transactions": runs.log.transactions + trajectories.log.transactions,
