@@ -64,7 +64,7 @@ from services.saga_orchestrator.domain import load_catalog
 from services.saga_orchestrator.domain.state import TrajectoryState
 from services.saga_orchestrator.processor import TrajectoryProcessor
 
-__all__ = ["Committer", "CountingLog", "create_app", "main"]
+__all__ = ["Committer", "CountingLog", "Sharded", "create_app", "main"]
 
 ACTOR = "bench-owner"
 TENANT = "bench-owner"
@@ -203,8 +203,30 @@ def _fail(future: asyncio.Future[Any], exc: BaseException) -> None:
         future.set_exception(exc)
 
 
+class Sharded(Generic[S, C]):
+    """An aggregate's committers by partition: one for all (one producer), or one per partition
+    (a producer, a processor and a store each), so that commits of different partitions overlap."""
+
+    def __init__(self, by_partition: dict[int, Committer[S, C]]) -> None:
+        self._by_partition = by_partition
+        self.committers = list({id(c): c for c in by_partition.values()}.values())
+
+    @classmethod
+    def single(cls, committer: Committer[S, C]) -> Sharded[S, C]:
+        return cls({p: committer for p in range(RUNS_COMMANDS.partitions)})
+
+    async def decide(self, command: C) -> S | None:
+        run_id = str(getattr(command, "run_id", ""))
+        try:
+            partition = partition_for_run(run_id, RUNS_COMMANDS.partitions)
+        except ValueError:
+            partition = 0  # its committer refuses it with the same error
+        return await self._by_partition[partition].decide(command)
+
+
 class Submit(BaseModel):
     key: str = Field(min_length=1, max_length=200)
+    tenant: str = Field(default=TENANT, min_length=1, max_length=200)
 
 
 class Claim(BaseModel):
@@ -226,8 +248,8 @@ class Proposal(Lease):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
-RunCommitter = Committer[RunState, RunCommand]
-TrajectoryCommitter = Committer[TrajectoryState, TrajectoryCommand]
+RunCommitters = Sharded[RunState, RunCommand]
+TrajectoryCommitters = Sharded[TrajectoryState, TrajectoryCommand]
 
 
 def _header(run_id: str, command_id: str, clock: SystemClock, correlation: str) -> dict[str, Any]:
@@ -240,10 +262,10 @@ def _header(run_id: str, command_id: str, clock: SystemClock, correlation: str) 
     }
 
 
-def create_app(runs: RunCommitter, trajectories: TrajectoryCommitter, clock: SystemClock) -> FastAPI:
+def create_app(runs: RunCommitters, trajectories: TrajectoryCommitters, clock: SystemClock) -> FastAPI:
     app = FastAPI()
 
-    async def decided(committer: Committer[S, Any], command: Any) -> S:
+    async def decided(committer: Sharded[S, Any], command: Any) -> S:
         state = await committer.decide(command)
         if state is None:
             raise HTTPException(409, f"{type(command).__name__} refused")
@@ -251,13 +273,13 @@ def create_app(runs: RunCommitter, trajectories: TrajectoryCommitter, clock: Sys
 
     @app.post("/runs", status_code=201)
     async def submit(body: Submit) -> dict[str, Any]:
-        run_id = run_id_for(TENANT, body.key)
+        run_id = run_id_for(body.tenant, body.key)
         spec = json.dumps({"agent": "bench-owner", "key": body.key}, sort_keys=True)
         state = await decided(
             runs,
             SubmitRun(
                 **_header(run_id, command_id_for(run_id, "SubmitRun", body.key), clock, run_id),
-                tenant=TENANT,
+                tenant=body.tenant,
                 idempotency_key=body.key,
                 execution_spec=spec,
                 timeout_seconds=3600,
@@ -371,20 +393,22 @@ def create_app(runs: RunCommitter, trajectories: TrajectoryCommitter, clock: Sys
 
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
-        took = sorted(runs.handle_ms + trajectories.handle_ms)
-        committing = sorted(runs.log.commit_ms + trajectories.log.commit_ms)
-        for kept in (runs.handle_ms, trajectories.handle_ms, runs.log.commit_ms, trajectories.log.commit_ms):
-            kept.clear()
+        committers: list[Committer[Any, Any]] = [*runs.committers, *trajectories.committers]
+        took = sorted(ms for c in committers for ms in c.handle_ms)
+        committing = sorted(ms for c in committers for ms in c.log.commit_ms)
+        for committer in committers:
+            committer.handle_ms.clear()
+            committer.log.commit_ms.clear()
         return {
             "handle_p50_ms": took[len(took) // 2] if took else 0.0,
             "handle_p99_ms": took[int(len(took) * 0.99)] if took else 0.0,
             "commit_p50_ms": committing[len(committing) // 2] if committing else 0.0,
             "commit_p99_ms": committing[int(len(committing) * 0.99)] if committing else 0.0,
-            "batches": runs.batches + trajectories.batches,
-            "commands": runs.commands + trajectories.commands,
-            "transactions": runs.log.transactions + trajectories.log.transactions,
-            "records": runs.log.records + trajectories.log.records,
-            "partitions": runs.log.partitions + trajectories.log.partitions,
+            "batches": sum(c.batches for c in committers),
+            "commands": sum(c.commands for c in committers),
+            "transactions": sum(c.log.transactions for c in committers),
+            "records": sum(c.log.records for c in committers),
+            "partitions": sum(c.log.partitions for c in committers),
         }
 
     return app
@@ -393,31 +417,41 @@ def create_app(runs: RunCommitter, trajectories: TrajectoryCommitter, clock: Sys
 def main() -> None:
     port, bootstrap, state_dir = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
     group = "--no-group" not in sys.argv[4:]
+    shards = (
+        [{p} for p in range(RUNS_COMMANDS.partitions)]
+        if "--per-partition" in sys.argv[4:]
+        else [set(range(RUNS_COMMANDS.partitions))]
+    )
     codec, clock = MessageCodec(), SystemClock()
-    partitions = set(range(RUNS_COMMANDS.partitions))
-    run_log = CountingLog(KafkaEventLog(bootstrap, transactional_id="tenure-bench-owner-runs"))
-    run_processor = RunCommandProcessor(run_log, RocksStore(state_dir / "runs"), codec, clock)
-    run_processor.restore_partitions(partitions)
-    trajectory_log = CountingLog(KafkaEventLog(bootstrap, "tenure-bench-owner-trajectories"))
-    trajectory_processor = TrajectoryProcessor(
-        trajectory_log, RocksStore(state_dir / "trajectories"), codec, clock, load_catalog(CATALOG)
-    )
-    trajectory_processor.restore_partitions(partitions)
-    runs: RunCommitter = Committer(
-        run_processor,
-        run_log,
-        lambda command: command_record(codec, command),
-        lambda state, command_id: command_id in state.handled_commands,
-        group,
-    )
-    trajectories: TrajectoryCommitter = Committer(
-        trajectory_processor,
-        trajectory_log,
-        lambda command: trajectory_command_record(codec, command),
-        lambda state, command_id: command_id in state.causes,
-        group,
-    )
-    serve_http(create_app(runs, trajectories, clock), "127.0.0.1", port, TenureSettings())
+    catalog = load_catalog(CATALOG)
+    runs: dict[int, Committer[RunState, RunCommand]] = {}
+    trajectories: dict[int, Committer[TrajectoryState, TrajectoryCommand]] = {}
+    for index, partitions in enumerate(shards):
+        run_log = CountingLog(KafkaEventLog(bootstrap, f"tenure-bench-owner-runs-{index}"))
+        run_processor = RunCommandProcessor(run_log, RocksStore(state_dir / f"runs-{index}"), codec, clock)
+        run_processor.restore_partitions(partitions)
+        run_committer = Committer(
+            run_processor,
+            run_log,
+            lambda command: command_record(codec, command),
+            lambda state, command_id: command_id in state.handled_commands,
+            group,
+        )
+        trajectory_log = CountingLog(KafkaEventLog(bootstrap, f"tenure-bench-owner-trajectories-{index}"))
+        trajectory_processor = TrajectoryProcessor(
+            trajectory_log, RocksStore(state_dir / f"trajectories-{index}"), codec, clock, catalog
+        )
+        trajectory_processor.restore_partitions(partitions)
+        trajectory_committer = Committer(
+            trajectory_processor,
+            trajectory_log,
+            lambda command: trajectory_command_record(codec, command),
+            lambda state, command_id: command_id in state.causes,
+            group,
+        )
+        for partition in partitions:
+            runs[partition], trajectories[partition] = run_committer, trajectory_committer
+    serve_http(create_app(Sharded(runs), Sharded(trajectories), clock), "127.0.0.1", port, TenureSettings())
 
 
 if __name__ == "__main__":

@@ -18,6 +18,12 @@ the broker and the clients, with the group commit and then without it (each comm
 transaction), against DBOS's published figures.
 
     PYTHONPATH=. .venv/bin/python -m bench.owner_path [--seconds 20] [--clients 8] [--steps 1,5]
+        [--group-only] [--tenants 1] [--per-partition]
+
+`--tenants N` spreads the clients' runs over N tenants on distinct partitions (all of a tenant's
+runs share one partition); `--per-partition` gives the owner one producer, processor and store
+per partition and aggregate instead of one for all, so that commits of different partitions
+overlap.
 
 A script, not a test: it measures and reports, it asserts nothing.
 """
@@ -40,8 +46,9 @@ import aiohttp
 from bench.foundation import say
 from bench.step_floor import CORES, DBOS_1STEP_PER_S
 from services.common.broker import free_port, start_broker
+from services.common.ids import tenant_shard
 from services.common.kafka import create_topics
-from services.common.topics import TOPICS
+from services.common.topics import RUNS_COMMANDS, TOPICS
 
 __all__ = ["OwnerRun", "main"]
 
@@ -84,7 +91,21 @@ class OwnerRun:
         return self.owner_ms + self.broker_ms
 
 
-async def _workflow(session: aiohttp.ClientSession, key: str, steps: int) -> None:
+def tenants_over_partitions(count: int) -> list[str]:
+    """`count` tenant names whose runs land on distinct partitions (as many as there are): a
+    tenant's runs all live on one partition (services.common.ids.run_id_for)."""
+    partitions = RUNS_COMMANDS.partitions
+    chosen: dict[int, str] = {}
+    index = 0
+    while len(chosen) < min(count, partitions):
+        name = f"bench-owner-{index}"
+        chosen.setdefault(int(tenant_shard(name), 16) % partitions, name)
+        index += 1
+    names = [chosen[p] for p in sorted(chosen)]
+    return [names[i % len(names)] for i in range(count)]
+
+
+async def _workflow(session: aiohttp.ClientSession, key: str, steps: int, tenant: str) -> None:
     async def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
         async with session.post(path, json=body) as answer:
             if answer.status >= 300:
@@ -92,7 +113,7 @@ async def _workflow(session: aiohttp.ClientSession, key: str, steps: int) -> Non
             result: dict[str, Any] = await answer.json()
             return result
 
-    run = await post("/runs", {"key": key})
+    run = await post("/runs", {"key": key, "tenant": tenant})
     run_id = run["runId"]
     grant = await post(f"/runs/{run_id}/attempts", {"runnerId": "bench-runner", "leaseSeconds": 3600})
     lease = {"attemptId": grant["attemptId"], "leaseEpoch": grant["epoch"]}
@@ -108,15 +129,18 @@ async def _workflow(session: aiohttp.ClientSession, key: str, steps: int) -> Non
     await post(f"/runs/{run_id}/report", lease)
 
 
-async def _drive(port: int, clients: int, seconds: float, prefix: str, steps: int) -> list[float]:
+async def _drive(
+    port: int, clients: int, seconds: float, prefix: str, steps: int, tenants: int = 1
+) -> list[float]:
     latencies: list[float] = []
+    names = tenants_over_partitions(tenants)
 
     async def client(index: int) -> None:
         async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as session:
             until, n = time.monotonic() + seconds, 0
             while time.monotonic() < until:
                 began = time.monotonic()
-                await _workflow(session, f"{prefix}-{index}-{n}", steps)
+                await _workflow(session, f"{prefix}-{index}-{n}", steps, names[index % len(names)])
                 latencies.append(time.monotonic() - began)
                 n += 1
 
@@ -142,6 +166,7 @@ def measure(
     label = f"{case[:3]}{steps}"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     extra = ["--no-group"] if case == "one transaction per command" else []
+    extra += ["--per-partition"] if args.per_partition else []
     state = workdir / f"{case.replace(' ', '-')}-{steps}"
     command = [sys.executable, "-m", "bench._owner_server", str(port), bootstrap, str(state), *extra]
     server = subprocess.Popen(command, env=env)
@@ -155,11 +180,11 @@ def measure(
                 if time.monotonic() > deadline or server.poll() is not None:
                     raise RuntimeError("the owner prototype did not start") from None
                 time.sleep(0.2)
-        asyncio.run(_drive(port, args.clients, 3.0, f"{label}-warm", steps))
+        asyncio.run(_drive(port, args.clients, 3.0, f"{label}-warm", steps, args.tenants))
         before = asyncio.run(_stats(port))
         owner0, broker0, client0 = _cpu_s(server.pid), _cpu_s(broker_pid), time.process_time()
         began = time.monotonic()
-        latencies = asyncio.run(_drive(port, args.clients, args.seconds, f"{label}-run", steps))
+        latencies = asyncio.run(_drive(port, args.clients, args.seconds, f"{label}-run", steps, args.tenants))
         elapsed = time.monotonic() - began
         owner, broker, client = (
             _cpu_s(server.pid) - owner0,
@@ -245,13 +270,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=8, help="concurrent clients")
     parser.add_argument("--steps", default="1,5", help="workflow sizes, comma-separated (default 1,5)")
     parser.add_argument("--group-only", action="store_true", help="skip one transaction per command")
+    parser.add_argument(
+        "--tenants",
+        type=int,
+        default=1,
+        help="tenants the clients submit as, over distinct partitions (default 1)",
+    )
+    parser.add_argument(
+        "--per-partition",
+        action="store_true",
+        help="one producer, processor and store per partition and aggregate (default: one for all)",
+    )
     args = parser.parse_args(argv)
     args.step_sizes = [int(part) for part in args.steps.split(",") if part.strip()]
     args.cases = ("group commit",) if args.group_only else ("group commit", "one transaction per command")
-    if not (1 <= args.seconds <= 600 and 1 <= args.clients <= 256) or not all(
+    if not (1 <= args.seconds <= 600 and 1 <= args.clients <= 256 and 1 <= args.tenants <= 64) or not all(
         1 <= k <= 50 for k in args.step_sizes
     ):
-        parser.error("--seconds 1-600, --clients 1-256, --steps 1-50 each")
+        parser.error("--seconds 1-600, --clients 1-256, --tenants 1-64, --steps 1-50 each")
     runs = []
     with tempfile.TemporaryDirectory(prefix="tenure-owner-") as workdir:
         broker = start_broker(

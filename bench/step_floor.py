@@ -16,6 +16,10 @@ workflow's CPU goes, and what closing the gap would take"):
       serves them, one route with a pydantic body, no middleware, no work), driven by
       --clients aiohttp clients; the server's and the clients' CPU per request.
 
+  (l) the latency of one record made durable, one at a time: Tenure's command publisher (an
+      idempotent acks=all append) against its transactional writer (a transaction of one
+      record): what the transaction protocol adds to every serial commit of a workflow.
+
 It then prints what a 1-step workflow of the benchmark's shape (7 requests: submit, claim, open,
 propose, one long-poll, finish, report) would cost at these floors with 11 transactions (today's
 count, bench/durable_steps.py) and with one transaction per workflow, against the 13.9 ms.
@@ -42,7 +46,13 @@ import aiohttp
 
 from bench.foundation import say
 from services.common.broker import free_port, start_broker
-from services.common.kafka import OutboundRecord, TopicFollower, TransactionalWriter, create_topics
+from services.common.kafka import (
+    CommandPublisher,
+    OutboundRecord,
+    TopicFollower,
+    TransactionalWriter,
+    create_topics,
+)
 from services.common.topics import RUNS_EVENTS, TopicSpec
 
 __all__ = ["main"]
@@ -150,6 +160,59 @@ def transaction_floor(bootstrap: str, broker_pid: int, args: argparse.Namespace)
 
 
 @dataclass(frozen=True)
+class AppendLatency:
+    """One record made durable, at one at a time: how long a serial commit waits at least."""
+
+    append_p50_ms: float  # an idempotent, acks=all produce acknowledged (CommandPublisher)
+    append_p99_ms: float
+    transaction_p50_ms: float  # a transaction of one record (TransactionalWriter.commit)
+    transaction_p99_ms: float
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def append_latency(bootstrap: str, samples: int) -> AppendLatency:
+    """(l) Latency, one record at a time on a topic of its own: Tenure's command publisher (what
+    the API waits for before a command is on the log) against Tenure's transactional writer
+    (what every decision batch waits for). The difference is what the transaction protocol adds
+    to each serial commit of a workflow."""
+    spec = TopicSpec(name="tenure.floor.latency", partitions=1)
+    create_topics(bootstrap, [spec])
+    publisher = CommandPublisher(bootstrap, client_id="tenure-floor-publisher")
+    writer = TransactionalWriter(bootstrap, "tenure-floor-latency")
+    appends: list[float] = []
+    transactions: list[float] = []
+    try:
+        for index in range(samples + 20):  # the first 20 of each are a warm-up
+            record = OutboundRecord(spec.name, b"run-%d" % index, RECORD, (), 0)
+            began = time.perf_counter()
+            publisher.publish(record).result(timeout=30)
+            appends.append(1000 * (time.perf_counter() - began))
+            began = time.perf_counter()
+            writer.commit([record])
+            transactions.append(1000 * (time.perf_counter() - began))
+    finally:
+        publisher.close()
+        writer.close()
+    appends, transactions = appends[20:], transactions[20:]
+    latency = AppendLatency(
+        _quantile(appends, 0.5),
+        _quantile(appends, 0.99),
+        _quantile(transactions, 0.5),
+        _quantile(transactions, 0.99),
+    )
+    say(
+        f"(l) one record durable, {samples} samples: an idempotent append p50 {latency.append_p50_ms:.2f} / "
+        f"p99 {latency.append_p99_ms:.2f} ms, a transaction p50 {latency.transaction_p50_ms:.2f} / "
+        f"p99 {latency.transaction_p99_ms:.2f} ms"
+    )
+    return latency
+
+
+@dataclass(frozen=True)
 class HttpFloor:
     requests_per_s: float
     server_ms: float
@@ -204,7 +267,9 @@ def http_floor(args: argparse.Namespace) -> HttpFloor:
     return floor
 
 
-def report(floors: list[TxnFloor], http: HttpFloor, args: argparse.Namespace) -> str:
+def report(
+    floors: list[TxnFloor], http: HttpFloor, args: argparse.Namespace, latency: AppendLatency | None = None
+) -> str:
     budget = 1000 * CORES / DBOS_1STEP_PER_S
     single, owner = floors[0], floors[1]
     requests = REQUESTS_PER_1STEP * (http.server_ms + http.client_ms)
@@ -254,6 +319,17 @@ def report(floors: list[TxnFloor], http: HttpFloor, args: argparse.Namespace) ->
         "",
         "Floors only: no Tenure process's own work (deciding, encoding, folding, storing) is in them.",
     ]
+    if latency is not None:
+        lines += [
+            "",
+            "| One record made durable, one at a time (latency) | p50 | p99 |",
+            "|---|---:|---:|",
+            f"| an idempotent acks=all append (the API's command publisher) | "
+            f"{latency.append_p50_ms:.2f} ms | "
+            f"{latency.append_p99_ms:.2f} ms |",
+            f"| a transaction of one record (a processor's commit) | {latency.transaction_p50_ms:.2f} ms | "
+            f"{latency.transaction_p99_ms:.2f} ms |",
+        ]
     return "\n".join(lines)
 
 
@@ -264,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readers", type=int, default=4, help="read_committed followers of the topic in (k)")
     parser.add_argument("--group", type=int, default=8, help="records per transaction in (k)'s group commit")
     parser.add_argument("--clients", type=int, default=8, help="concurrent HTTP clients in (h)")
+    parser.add_argument("--latency-samples", type=int, default=300, help="records made durable in (l)")
     args = parser.parse_args(argv)
     if not (
         1 <= args.seconds <= 600
@@ -271,8 +348,12 @@ def main(argv: list[str] | None = None) -> int:
         and 0 <= args.readers <= 32
         and 2 <= args.group <= 500
         and 1 <= args.clients <= 64
+        and 10 <= args.latency_samples <= 100_000
     ):
-        parser.error("--seconds 1-600, --rate 1-5000, --readers 0-32, --group 2-500, --clients 1-64")
+        parser.error(
+            "--seconds 1-600, --rate 1-5000, --readers 0-32, --group 2-500, --clients 1-64, "
+            "--latency-samples 10-100,000"
+        )
     with tempfile.TemporaryDirectory(prefix="tenure-floor-") as workdir:
         broker = start_broker(
             data_dir=Path(workdir) / "data", state_dir=Path(workdir), timeout=180, die_with_parent=True
@@ -282,10 +363,11 @@ def main(argv: list[str] | None = None) -> int:
                 "the floor needs a broker this script starts (no KAFKA_BOOTSTRAP_SERVERS)"
             )
             floors = transaction_floor(broker.bootstrap_servers, broker.pid, args)
+            latency = append_latency(broker.bootstrap_servers, args.latency_samples)
         finally:
             broker.stop()
     http = http_floor(args)
-    print(report(floors, http, args), flush=True)
+    print(report(floors, http, args, latency), flush=True)
     return 0
 
 

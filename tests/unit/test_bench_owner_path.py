@@ -20,16 +20,17 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from bench._owner_server import Committer, CountingLog, create_app
-from bench.owner_path import OwnerRun, report
+from bench._owner_server import Committer, CountingLog, Sharded, create_app
+from bench.owner_path import OwnerRun, report, tenants_over_partitions
 from services.common.clock import SystemClock
 from services.common.contracts import ClaimRun, RunCommand, SubmitRun
 from services.common.eventlog import MemoryEventLog
 from services.common.ids import run_id_for
 from services.common.messages import MessageCodec
-from services.common.routing import command_record, trajectory_command_record
+from services.common.routing import command_record, partition_for_run, trajectory_command_record
 from services.common.settings import repo_root
 from services.common.store import MemoryStore
+from services.common.topics import RUNS_COMMANDS
 from services.lease_coordinator.domain.state import RunState
 from services.lease_coordinator.processor import RunCommandProcessor
 from services.saga_orchestrator.domain import load_catalog
@@ -110,7 +111,7 @@ def test_the_benchmark_workflow_goes_through_both_aggregates(tmp_path: Path) -> 
         lambda state, command_id: command_id in state.causes,
         group=True,
     )
-    with TestClient(create_app(runs, trajectories, CLOCK)) as client:
+    with TestClient(create_app(Sharded.single(runs), Sharded.single(trajectories), CLOCK)) as client:
         run_id = client.post("/runs", json={"key": "wf-1"}).json()["runId"]
         grant = client.post(f"/runs/{run_id}/attempts", json={"runnerId": "r", "leaseSeconds": 600}).json()
         lease = {"attemptId": grant["attemptId"], "leaseEpoch": grant["epoch"]}
@@ -165,3 +166,11 @@ def test_the_report_sets_each_case_against_dbos() -> None:
     assert cells[12] == f"{2000 / 144.0:.1f}"
     five = next(line for line in text.splitlines() if line.startswith("| group commit | 5 |"))
     assert f"{40.0 / 45.4:.2f}x" in five
+
+
+def test_the_tenants_land_on_distinct_partitions_round_robin() -> None:
+    names = tenants_over_partitions(6)
+    partitions = [partition_for_run(run_id_for(name, "k")) for name in names]
+    assert sorted(set(partitions)) == list(range(RUNS_COMMANDS.partitions))
+    assert all(names[i] == names[i % RUNS_COMMANDS.partitions] for i in range(6))  # round robin
+    assert len(tenants_over_partitions(1)) == 1

@@ -16,6 +16,7 @@ from bench.step_floor import (
     DBOS_1STEP_PER_S,
     REQUESTS_PER_1STEP,
     TRANSACTIONS_TODAY,
+    AppendLatency,
     HttpFloor,
     TxnFloor,
     report,
@@ -61,3 +62,14 @@ def test_a_record_costs_its_share_of_the_transaction() -> None:
     )
     assert "| broker, one transaction of 8 on one | 2.40 ms (0.30 a record) |" in text
     assert "| HTTP request, server (FastAPI + uvicorn, no work) | 0.090 ms |" in text
+
+
+def test_the_latency_of_one_durable_record_is_reported_when_measured() -> None:
+    floors = [TxnFloor("1 record", 1, 95.0, 2.0, 0), TxnFloor("8 on one", 8, 12.0, 2.4, 0)]
+    http = HttpFloor(1.0, 0.09, 0.08)
+    assert "One record made durable" not in report(floors, http, ARGS)
+    text = report(floors, http, ARGS, AppendLatency(0.68, 1.55, 3.3, 8.51))
+    append = next(line for line in text.splitlines() if line.startswith("| an idempotent"))
+    transaction = next(line for line in text.splitlines() if line.startswith("| a transaction of one record"))
+    assert append.endswith("| 0.68 ms | 1.55 ms |")
+    assert transaction.endswith("| 3.30 ms | 8.51 ms |")
