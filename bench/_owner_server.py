@@ -301,18 +301,17 @@ def create_app(runs: RunCommitters, trajectories: TrajectoryCommitters, clock: S
         assert state.lease is not None
         return {"attemptId": state.lease.attempt_id, "epoch": state.lease.epoch, "version": state.version}
 
+    async def holder_decided(kind: type[StartTrajectory | FinishTrajectory], run_id: str, body: Lease) -> Any:
+        """A trajectory command that carries nothing but the holder's lease."""
+        header = _header(run_id, derived_id("cmd", body.attemptId, kind.__name__), clock, body.attemptId)
+        command = kind(**header, attempt_id=body.attemptId, lease_epoch=body.leaseEpoch)
+        state = await decided(trajectories, command)
+        return {"status": state.status.value, "version": state.version}
+
     @app.post("/runs/{run_id}/trajectory", status_code=201)
     async def open_trajectory(run_id: str, body: Lease) -> dict[str, Any]:
-        command_id = derived_id("cmd", body.attemptId, "trajectory")
-        state = await decided(
-            trajectories,
-            StartTrajectory(
-                **_header(run_id, command_id, clock, body.attemptId),
-                attempt_id=body.attemptId,
-                lease_epoch=body.leaseEpoch,
-            ),
-        )
-        return {"status": state.status.value, "version": state.version}
+        answer: dict[str, Any] = await holder_decided(StartTrajectory, run_id, body)
+        return answer
 
     @app.post("/runs/{run_id}/trajectory/steps")
     async def propose(run_id: str, body: Proposal) -> dict[str, Any]:
@@ -364,16 +363,8 @@ def create_app(runs: RunCommitters, trajectories: TrajectoryCommitters, clock: S
 
     @app.post("/runs/{run_id}/trajectory/finish")
     async def finish(run_id: str, body: Lease) -> dict[str, Any]:
-        command_id = derived_id("cmd", body.attemptId, "finish")
-        state = await decided(
-            trajectories,
-            FinishTrajectory(
-                **_header(run_id, command_id, clock, body.attemptId),
-                attempt_id=body.attemptId,
-                lease_epoch=body.leaseEpoch,
-            ),
-        )
-        return {"status": state.status.value, "version": state.version}
+        answer: dict[str, Any] = await holder_decided(FinishTrajectory, run_id, body)
+        return answer
 
     @app.post("/runs/{run_id}/report")
     async def report(run_id: str, body: Lease) -> dict[str, Any]:

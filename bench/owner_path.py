@@ -44,7 +44,7 @@ from typing import Any
 import aiohttp
 
 from bench.foundation import say
-from bench.step_floor import CORES, DBOS_1STEP_PER_S
+from bench.step_floor import CORES, DBOS_1STEP_PER_S, process_cpu_s
 from services.common.broker import free_port, start_broker
 from services.common.ids import tenant_shard
 from services.common.kafka import create_topics
@@ -55,11 +55,6 @@ __all__ = ["OwnerRun", "main"]
 TOOL = "cache.warm"  # bench/durable_steps.py's trivial class-I tool
 DBOS_5STEP_PER_S = 45.4
 DBOS_P99_MS = {1: 90.0, 5: 241.0}
-
-
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -182,13 +177,13 @@ def measure(
                 time.sleep(0.2)
         asyncio.run(_drive(port, args.clients, 3.0, f"{label}-warm", steps, args.tenants))
         before = asyncio.run(_stats(port))
-        owner0, broker0, client0 = _cpu_s(server.pid), _cpu_s(broker_pid), time.process_time()
+        owner0, broker0, client0 = process_cpu_s(server.pid), process_cpu_s(broker_pid), time.process_time()
         began = time.monotonic()
         latencies = asyncio.run(_drive(port, args.clients, args.seconds, f"{label}-run", steps, args.tenants))
         elapsed = time.monotonic() - began
         owner, broker, client = (
-            _cpu_s(server.pid) - owner0,
-            _cpu_s(broker_pid) - broker0,
+            process_cpu_s(server.pid) - owner0,
+            process_cpu_s(broker_pid) - broker0,
             time.process_time() - client0,
         )
         after = asyncio.run(_stats(port))
