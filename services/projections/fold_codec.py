@@ -92,30 +92,29 @@ def brief_from(
         "holders": {m.attempt_id: m.holder_principal for m in leases},
         "leaseIds": {m.attempt_id: m.lease_id for m in leases},
     }
-    current = _current_lease(state, leases)
-    if current is not _UNKNOWN:
+    known, current = _current_lease(state, leases)
+    if known:
         brief["lease"] = current
     return brief
 
 
-_UNKNOWN: dict[str, Any] = {}
+def _current_lease(state: RunState, leases: tuple[LeaseMark, ...]) -> tuple[bool, dict[str, Any] | None]:
+    """Whether the brief can tell, and then what a holder check reads of the view's `lease`
+    (views._lease_record of the last grant): its attempt, epoch, id, certainty and who may speak
+    for it; None before the first grant.
 
-
-def _current_lease(state: RunState, leases: tuple[LeaseMark, ...]) -> dict[str, Any] | None:
-    """What a holder check reads of the view's `lease` (views._lease_record of the last grant):
-    its attempt, epoch, id, certainty and who may speak for it; None before the first grant.
-
-    Only while the state holds that lease, whose certainty is then the state's. Otherwise (and
-    for a fold stored before its marks named their grant's attempt and lease) _UNKNOWN: the
-    holder check reads the whole view. A mark's own certainty is not trusted here, because a
-    seeded rebuild writes marks whose certainty is a placeholder (seeded_rebuild._Run.note)."""
+    It can tell only while the state holds that lease, whose certainty is then the state's.
+    Otherwise (and for a fold stored before its marks named their grant's attempt and lease)
+    (False, None): the brief has no `lease`, and the holder check reads the whole view. A mark's
+    own certainty is not trusted here, because a seeded rebuild writes marks whose certainty is
+    a placeholder (seeded_rebuild._Run.note)."""
     if not leases:
-        return None
+        return True, None
     last = leases[-1]
     lease = state.lease
     if lease is None or lease.epoch != last.epoch or not last.attempt_id or not last.lease_id:
-        return _UNKNOWN
-    return {
+        return False, None
+    return True, {
         "attemptId": last.attempt_id,
         "epoch": last.epoch,
         "leaseId": last.lease_id,
