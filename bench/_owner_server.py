@@ -183,14 +183,11 @@ class Committer(Generic[S, C]):
             self.batches += 1
             self.commands += len(waiting)
             self.handle_ms.append(1000 * (time.monotonic() - began))
+            definition = self._processor.definition
             for command, future in waiting:
-                state = self._processor.load(self._processor.definition.aggregate_id(command))
-                accepted = state if state is not None and self._handled(state, _command_id(command)) else None
-                future.get_loop().call_soon_threadsafe(_settle, future, accepted)
-
-
-def _command_id(command: Any) -> str:
-    return str(command.command_id)
+                state = self._processor.load(definition.aggregate_id(command))
+                handled = state is not None and self._handled(state, definition.command_id(command))
+                future.get_loop().call_soon_threadsafe(_settle, future, state if handled else None)
 
 
 def _settle(future: asyncio.Future[Any], state: Any) -> None:
@@ -405,6 +402,19 @@ def create_app(runs: RunCommitters, trajectories: TrajectoryCommitters, clock: S
     return app
 
 
+def _restored(
+    processor: AggregateProcessor[S, C, Any, Any],
+    log: CountingLog,
+    record: Callable[[C], OutboundRecord],
+    handled: Callable[[S, str], bool],
+    partitions: set[int],
+    group: bool,
+) -> Committer[S, C]:
+    """The committer of `processor` once it restored `partitions` from the log."""
+    processor.restore_partitions(partitions)
+    return Committer(processor, log, record, handled, group)
+
+
 def main() -> None:
     port, bootstrap, state_dir = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
     group = "--no-group" not in sys.argv[4:]
@@ -419,25 +429,23 @@ def main() -> None:
     trajectories: dict[int, Committer[TrajectoryState, TrajectoryCommand]] = {}
     for index, partitions in enumerate(shards):
         run_log = CountingLog(KafkaEventLog(bootstrap, f"tenure-bench-owner-runs-{index}"))
-        run_processor = RunCommandProcessor(run_log, RocksStore(state_dir / f"runs-{index}"), codec, clock)
-        run_processor.restore_partitions(partitions)
-        run_committer = Committer(
-            run_processor,
+        trajectory_log = CountingLog(KafkaEventLog(bootstrap, f"tenure-bench-owner-trajectories-{index}"))
+        run_committer = _restored(
+            RunCommandProcessor(run_log, RocksStore(state_dir / f"runs-{index}"), codec, clock),
             run_log,
             lambda command: command_record(codec, command),
             lambda state, command_id: command_id in state.handled_commands,
+            partitions,
             group,
         )
-        trajectory_log = CountingLog(KafkaEventLog(bootstrap, f"tenure-bench-owner-trajectories-{index}"))
-        trajectory_processor = TrajectoryProcessor(
-            trajectory_log, RocksStore(state_dir / f"trajectories-{index}"), codec, clock, catalog
-        )
-        trajectory_processor.restore_partitions(partitions)
-        trajectory_committer = Committer(
-            trajectory_processor,
+        trajectory_committer = _restored(
+            TrajectoryProcessor(
+                trajectory_log, RocksStore(state_dir / f"trajectories-{index}"), codec, clock, catalog
+            ),
             trajectory_log,
             lambda command: trajectory_command_record(codec, command),
             lambda state, command_id: command_id in state.causes,
+            partitions,
             group,
         )
         for partition in partitions:

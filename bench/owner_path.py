@@ -43,8 +43,9 @@ from typing import Any
 
 import aiohttp
 
+from bench._foundation_toolkit import cpu_seconds, percentile
 from bench.foundation import say
-from bench.step_floor import CORES, DBOS_1STEP_PER_S, process_cpu_s
+from bench.step_floor import CORES, DBOS_1STEP_PER_S
 from services.common.broker import free_port, start_broker
 from services.common.ids import tenant_shard
 from services.common.kafka import create_topics
@@ -149,11 +150,6 @@ async def _stats(port: int) -> dict[str, Any]:
         return stats
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
-
-
 def measure(
     case: str, steps: int, bootstrap: str, broker_pid: int, workdir: Path, args: argparse.Namespace
 ) -> OwnerRun:
@@ -177,13 +173,13 @@ def measure(
                 time.sleep(0.2)
         asyncio.run(_drive(port, args.clients, 3.0, f"{label}-warm", steps, args.tenants))
         before = asyncio.run(_stats(port))
-        owner0, broker0, client0 = process_cpu_s(server.pid), process_cpu_s(broker_pid), time.process_time()
+        owner0, broker0, client0 = cpu_seconds(server.pid), cpu_seconds(broker_pid), time.process_time()
         began = time.monotonic()
         latencies = asyncio.run(_drive(port, args.clients, args.seconds, f"{label}-run", steps, args.tenants))
         elapsed = time.monotonic() - began
         owner, broker, client = (
-            process_cpu_s(server.pid) - owner0,
-            process_cpu_s(broker_pid) - broker0,
+            cpu_seconds(server.pid) - owner0,
+            cpu_seconds(broker_pid) - broker0,
             time.process_time() - client0,
         )
         after = asyncio.run(_stats(port))
@@ -198,8 +194,8 @@ def measure(
         steps,
         n,
         elapsed,
-        1000 * _percentile(latencies, 0.50),
-        1000 * _percentile(latencies, 0.99),
+        1000 * percentile(latencies, 50),
+        1000 * percentile(latencies, 99),
         1000 * owner / n,
         1000 * broker / n,
         1000 * client / n,

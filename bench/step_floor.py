@@ -44,6 +44,7 @@ from pathlib import Path
 
 import aiohttp
 
+from bench._foundation_toolkit import cpu_seconds, percentile
 from bench.foundation import say
 from services.common.broker import free_port, start_broker
 from services.common.kafka import (
@@ -55,19 +56,13 @@ from services.common.kafka import (
 )
 from services.common.topics import RUNS_EVENTS, TopicSpec
 
-__all__ = ["main", "process_cpu_s"]
+__all__ = ["main"]
 
 DBOS_1STEP_PER_S = 144.0  # DBOS 3.4 + PostgreSQL 15, 8 clients, this machine (issue 11)
 CORES = 2
 REQUESTS_PER_1STEP = 7
 TRANSACTIONS_TODAY = 11
 RECORD = b"v" * 600  # about a LeaseRenewed or a StepIntentRecorded with its headers
-
-
-def process_cpu_s(pid: int) -> float:
-    """The CPU-seconds (user + system) process `pid` has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -132,9 +127,9 @@ def transaction_floor(bootstrap: str, broker_pid: int, args: argparse.Namespace)
     time.sleep(2.0)  # the followers are assigned and fetching
     say(f"(k) warm-up: {args.seconds:.0f} s at {args.rate:.0f} transactions/s")
     _commit_at(writer, spec, 1, args.rate, args.seconds, spread=True)
-    cpu0, began = process_cpu_s(broker_pid), time.monotonic()
+    cpu0, began = cpu_seconds(broker_pid), time.monotonic()
     time.sleep(args.seconds)
-    idle_cores = (process_cpu_s(broker_pid) - cpu0) / (time.monotonic() - began)
+    idle_cores = (cpu_seconds(broker_pid) - cpu0) / (time.monotonic() - began)
     say(f"(k) idle with {args.readers} readers: the broker uses {idle_cores:.3f} cores (subtracted below)")
     floors = []
     cases = [
@@ -143,11 +138,11 @@ def transaction_floor(bootstrap: str, broker_pid: int, args: argparse.Namespace)
         (f"{args.group} records over {spec.partitions} partitions", args.group, True),
     ]
     for case, per_txn, spread in cases:
-        before_read, cpu0, began = sum(read), process_cpu_s(broker_pid), time.monotonic()
+        before_read, cpu0, began = sum(read), cpu_seconds(broker_pid), time.monotonic()
         sent = _commit_at(writer, spec, per_txn, args.rate / per_txn, args.seconds, spread)
         time.sleep(0.5)  # the followers read the last ones
         elapsed = time.monotonic() - began
-        cpu = process_cpu_s(broker_pid) - cpu0 - idle_cores * elapsed
+        cpu = cpu_seconds(broker_pid) - cpu0 - idle_cores * elapsed
         floor = TxnFloor(case, per_txn, sent / elapsed, 1000 * cpu / sent, sum(read) - before_read)
         say(
             f"(k) {case} per transaction, {floor.txn_per_s:.1f}/s: broker {floor.broker_ms_per_txn:.2f} ms "
@@ -168,11 +163,6 @@ class AppendLatency:
     append_p99_ms: float
     transaction_p50_ms: float  # a transaction of one record (TransactionalWriter.commit)
     transaction_p99_ms: float
-
-
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def append_latency(bootstrap: str, samples: int) -> AppendLatency:
@@ -200,10 +190,10 @@ def append_latency(bootstrap: str, samples: int) -> AppendLatency:
         writer.close()
     appends, transactions = appends[20:], transactions[20:]
     latency = AppendLatency(
-        _quantile(appends, 0.5),
-        _quantile(appends, 0.99),
-        _quantile(transactions, 0.5),
-        _quantile(transactions, 0.99),
+        percentile(appends, 50),
+        percentile(appends, 99),
+        percentile(transactions, 50),
+        percentile(transactions, 99),
     )
     say(
         f"(l) one record durable, {samples} samples: an idempotent append p50 {latency.append_p50_ms:.2f} / "
@@ -250,12 +240,12 @@ def http_floor(args: argparse.Namespace) -> HttpFloor:
             except aiohttp.ClientError:
                 time.sleep(0.2)
         asyncio.run(_drive(port, args.clients, 2.0))  # warm-up
-        server0, client0, began = process_cpu_s(server.pid), time.process_time(), time.monotonic()
+        server0, client0, began = cpu_seconds(server.pid), time.process_time(), time.monotonic()
         done = asyncio.run(_drive(port, args.clients, args.seconds))
         elapsed = time.monotonic() - began
         floor = HttpFloor(
             done / elapsed,
-            1000 * (process_cpu_s(server.pid) - server0) / done,
+            1000 * (cpu_seconds(server.pid) - server0) / done,
             1000 * (time.process_time() - client0) / done,
         )
     finally:

@@ -57,7 +57,9 @@ def rejection_response(
 async def current_lease(
     ctx: ApiContext, run_id: str, attempt_id: str, epoch: int, who: Principal | None
 ) -> dict[str, Any]:
-    """The run's lease when (attempt, epoch) is it, still active, held by `who`; else a problem.
+    """The run record the check read (its brief, or its whole view; both carry `tenant` and the
+    current `lease`) when (attempt, epoch) is its lease, still active, held by `who`; else a
+    problem.
 
     A grant is answered before the projection shows it, so a lease newer than the view is
     waited for (within the request's deadline) rather than refused.
@@ -103,4 +105,4 @@ async def current_lease(
         raise ApiProblem(
             "not-lease-holder", f"{who.name} does not hold lease {lease.get('leaseId')}", runId=run_id
         )
-    return dict(lease)
+    return found

@@ -268,7 +268,7 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
         idempotency_key: str | None = Header(default=None, alias="Idempotency-Key", max_length=200),
     ) -> Any:
         who = ctx.principal(request)
-        await current_lease(ctx, run_id, body.attemptId, body.leaseEpoch, who)
+        run = await current_lease(ctx, run_id, body.attemptId, body.leaseEpoch, who)
         budget = body.budget or BudgetBody()
         rerun = body.rerunCost or RerunCostBody()
         fields = body.model_dump(mode="json") | {
@@ -287,11 +287,7 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
             keyed.check(first["commandId"], recorded, f"the trajectory of run {run_id}")
             return JSONResponse(existing, status_code=201, headers={"Location": f"/runs/{run_id}/trajectory"})
         command_id = keyed.command_id
-        # current_lease found it: the tenant names its graph (QUA-2); a brief stored before it
-        # carried the tenant sends this to the whole view.
-        run = await ctx.brief(run_id)
-        if run is None or "tenant" not in run:
-            run = await ctx.view(run_id)
+        # The record current_lease read names the tenant, whose graph the run joins (QUA-2).
         command = StartTrajectory(
             **command_header(ctx, request, who, run_id, command_id),
             attempt_id=body.attemptId,
@@ -303,7 +299,7 @@ def trajectories_router(ctx: ApiContext) -> APIRouter:
             budget_money=budget.money,
             rerun_cost_ms=rerun.durationMs,
             rerun_cost_money=rerun.money,
-            tenant=str((run or {}).get("tenant") or "") or None,
+            tenant=str(run.get("tenant") or "") or None,
         )
         return await decide(command, request.url.path, status=201)
 
