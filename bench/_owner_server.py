@@ -1,17 +1,21 @@
 """A measuring prototype of the owner-per-partition design: requests decided in the process
 that owns the Run's partitions, with a group commit (bench/owner_path.py drives it).
 
-`python -m bench._owner_server PORT BOOTSTRAP STATE_DIR [--no-group]` serves four routes that
-carry the Run aggregate's share of a durable 1-step workflow (submit, claim, the effect's intent
-and outcome, the report): five of the workflow's decisions, in four requests. Each route builds
-the same Run command the command API and the effect gateway build and hands it to the one
-aggregate runtime, `RunCommandProcessor.handle` over a real `KafkaEventLog` (one Kafka
-transaction per batch) and a real RocksDB store, exactly as the lease coordinator runs it.
-What is different is how a command gets there: no command topic, no stream consumer, no
-decision follower. One committer thread takes every command that waits when it is free, decides
-them as one batch and one transaction (a group commit across workflows, with no linger: the
-batch is whatever came while the previous one committed), and answers each request once its
-transaction committed. `--no-group` hands each command to `handle` alone, for comparison.
+`python -m bench._owner_server PORT BOOTSTRAP STATE_DIR [--separate] [--no-group] [--per-partition]`
+serves the benchmark's workflow (submit, claim, open the trajectory, k steps, finish, report).
+Each route builds the same commands the command API and the effect gateway build and hands them
+to Tenure's group committer (services/common/aggregate/group_commit.py): both aggregates run by
+the one aggregate runtime unchanged (`RunCommandProcessor`, `TrajectoryProcessor`) over one real
+`KafkaEventLog` and real RocksDB. One thread decides every request waiting when it is free as
+one joint unit, one transaction (a group commit across workflows, with no linger). A step is two
+requests, each one unit: the step's intent and the effect's intent fenced by the Run; the
+(trivial, not made) effect's outcome and the step's commit. What is not here: no command topic,
+no stream consumer, no decision follower.
+
+`--separate` decides each of a step's commands as a request of its own (intent, then the
+effect's intent, then the outcome and the commit side by side: three serial units per step, as
+before the joint unit); `--no-group` takes one request per unit as well, so that each command is
+a transaction of its own.
 
 This is not a Tenure service: it has no authentication, no routing of a request to the
 partition's owner, no rebalance, no views; it exists to measure what the design's core costs
@@ -22,19 +26,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import queue
 import sys
-import threading
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, Field
 
-from services.common.aggregate.processor import AggregateProcessor
+from services.common.aggregate.group_commit import Answer, Ask, GroupCommitter, as_inbound
+from services.common.aggregate.joint import JointUnit
 from services.common.clock import SystemClock
 from services.common.contracts import (
     ClaimRun,
@@ -44,10 +46,8 @@ from services.common.contracts import (
     RecordEffectOutcome,
     RecordStepOutcome,
     ReportAttempt,
-    RunCommand,
     StartTrajectory,
     SubmitRun,
-    TrajectoryCommand,
 )
 from services.common.eventlog import EventLog, KafkaEventLog
 from services.common.http_serve import serve_http
@@ -56,22 +56,18 @@ from services.common.kafka import InboundRecord, OutboundRecord
 from services.common.messages import MessageCodec
 from services.common.routing import command_record, partition_for_run, trajectory_command_record
 from services.common.settings import TenureSettings, repo_root
-from services.common.store import RocksStore
+from services.common.store import KeyValueStore, RocksStore
 from services.common.topics import RUNS_COMMANDS
-from services.lease_coordinator.domain.state import RunState
 from services.lease_coordinator.processor import RunCommandProcessor
 from services.saga_orchestrator.domain import load_catalog
-from services.saga_orchestrator.domain.state import TrajectoryState
 from services.saga_orchestrator.processor import TrajectoryProcessor
 
-__all__ = ["Committer", "CountingLog", "Sharded", "create_app", "main"]
+__all__ = ["CountingLog", "Owner", "Sharded", "create_app", "main"]
 
 ACTOR = "bench-owner"
 TENANT = "bench-owner"
 CATALOG = repo_root() / "services" / "sim_environment" / "tools.json"
-_MAX_BATCH = 500
-S = TypeVar("S")
-C = TypeVar("C")
+RUN, TRAJECTORY = "run", "trajectory"
 
 
 class CountingLog:
@@ -103,122 +99,57 @@ class CountingLog:
         return self._inner.end_offset(topic, partition)
 
 
-class Committer(Generic[S, C]):
-    """One thread deciding every waiting command of one aggregate as one batch: one
-    transaction, then the answers."""
+class Owner:
+    """Both aggregates of `partitions` on one log, restored, behind one group committer."""
 
     def __init__(
         self,
-        processor: AggregateProcessor[S, C, Any, Any],
         log: CountingLog,
-        record: Callable[[C], OutboundRecord],
-        handled: Callable[[S, str], bool],
-        group: bool,
+        runs: KeyValueStore,
+        trajectories: KeyValueStore,
+        partitions: set[int],
         *,
+        group: bool = True,
         start: bool = True,
     ) -> None:
-        self._processor = processor
+        codec, clock = MessageCodec(), SystemClock()
         self.log = log
-        self._record = record
-        self._handled = handled
-        self._group = group
-        self._queue: queue.Queue[tuple[C, asyncio.Future[S | None]]] = queue.Queue()
-        self._offsets: defaultdict[int, int] = defaultdict(int)
-        self.batches = 0
-        self.commands = 0
-        self.handle_ms: list[float] = []  # each batch's handle: decide, the transaction, the store
+        run_processor = RunCommandProcessor(log, runs, codec, clock)
+        trajectory_processor = TrajectoryProcessor(log, trajectories, codec, clock, load_catalog(CATALOG))
+        for processor in (run_processor, trajectory_processor):
+            processor.restore_partitions(partitions)
+        joint = JointUnit(log, [run_processor, trajectory_processor], owned=frozenset(partitions))
+        self.committer = GroupCommitter(
+            joint,
+            {
+                RUN: lambda command: as_inbound(command_record(codec, command)),
+                TRAJECTORY: lambda command: as_inbound(trajectory_command_record(codec, command)),
+            },
+            group=group,
+        )
         if start:
-            self.start()
-
-    def start(self) -> None:
-        threading.Thread(target=self._run, name="committer", daemon=True).start()
-
-    async def decide(self, command: C) -> S | None:
-        """The aggregate's state after the command's batch committed, or None if refused."""
-        future: asyncio.Future[S | None] = asyncio.get_running_loop().create_future()
-        self._queue.put((command, future))
-        return await future
-
-    def _inbound(self, command: C) -> InboundRecord:
-        """The command as the stream would have delivered it, at the next offset of its partition."""
-        out = self._record(command)
-        partition = partition_for_run(out.key.decode(), RUNS_COMMANDS.partitions)
-        offset = self._offsets[partition]
-        self._offsets[partition] += 1
-        return InboundRecord(out.topic, partition, offset, out.key, out.value, out.headers)
-
-    def _routed(
-        self, waiting: list[tuple[C, asyncio.Future[S | None]]]
-    ) -> tuple[list[tuple[C, asyncio.Future[S | None]]], list[InboundRecord]]:
-        """The commands that could be routed, with their records; the others are answered with
-        their error at once, so that one malformed command does not fail the batch."""
-        routed, records = [], []
-        for command, future in waiting:
-            try:
-                records.append(self._inbound(command))
-            except ValueError as exc:
-                future.get_loop().call_soon_threadsafe(_fail, future, exc)
-                continue
-            routed.append((command, future))
-        return routed, records
-
-    def _run(self) -> None:
-        while True:
-            waiting = [self._queue.get()]
-            while self._group and len(waiting) < _MAX_BATCH:
-                try:
-                    waiting.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            waiting, records = self._routed(waiting)
-            if not waiting:
-                continue
-            began = time.monotonic()
-            try:
-                self._processor.handle(records)
-            except Exception as exc:  # every waiting request learns of it; the committer goes on
-                for _, future in waiting:
-                    future.get_loop().call_soon_threadsafe(_fail, future, exc)
-                continue
-            self.batches += 1
-            self.commands += len(waiting)
-            self.handle_ms.append(1000 * (time.monotonic() - began))
-            definition = self._processor.definition
-            for command, future in waiting:
-                state = self._processor.load(definition.aggregate_id(command))
-                handled = state is not None and self._handled(state, definition.command_id(command))
-                future.get_loop().call_soon_threadsafe(_settle, future, state if handled else None)
+            self.committer.start()
 
 
-def _settle(future: asyncio.Future[Any], state: Any) -> None:
-    if not future.done():
-        future.set_result(state)
+class Sharded:
+    """The owners by partition: one for all (one producer), or one per partition (a producer,
+    processors and stores each), so that commits of different partitions overlap."""
 
-
-def _fail(future: asyncio.Future[Any], exc: BaseException) -> None:
-    if not future.done():
-        future.set_exception(exc)
-
-
-class Sharded(Generic[S, C]):
-    """An aggregate's committers by partition: one for all (one producer), or one per partition
-    (a producer, a processor and a store each), so that commits of different partitions overlap."""
-
-    def __init__(self, by_partition: dict[int, Committer[S, C]]) -> None:
+    def __init__(self, by_partition: dict[int, Owner]) -> None:
         self._by_partition = by_partition
-        self.committers = list({id(c): c for c in by_partition.values()}.values())
+        self.owners = list({id(o): o for o in by_partition.values()}.values())
 
     @classmethod
-    def single(cls, committer: Committer[S, C]) -> Sharded[S, C]:
-        return cls({p: committer for p in range(RUNS_COMMANDS.partitions)})
+    def single(cls, owner: Owner) -> Sharded:
+        return cls({p: owner for p in range(RUNS_COMMANDS.partitions)})
 
-    async def decide(self, command: C) -> S | None:
-        run_id = str(getattr(command, "run_id", ""))
+    async def decide(self, first: Ask, *then: Any) -> tuple[Answer, ...]:
+        run_id = str(getattr(first.command, "run_id", ""))
         try:
             partition = partition_for_run(run_id, RUNS_COMMANDS.partitions)
         except ValueError:
-            partition = 0  # its committer refuses it with the same error
-        return await self._by_partition[partition].decide(command)
+            partition = 0  # its committer answers it with the same error
+        return await asyncio.wrap_future(self._by_partition[partition].committer.submit(first, *then))
 
 
 class Submit(BaseModel):
@@ -245,10 +176,6 @@ class Proposal(Lease):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
-RunCommitters = Sharded[RunState, RunCommand]
-TrajectoryCommitters = Sharded[TrajectoryState, TrajectoryCommand]
-
-
 def _header(run_id: str, command_id: str, clock: SystemClock, correlation: str) -> dict[str, Any]:
     return {
         "command_id": command_id,
@@ -259,21 +186,25 @@ def _header(run_id: str, command_id: str, clock: SystemClock, correlation: str) 
     }
 
 
-def create_app(runs: RunCommitters, trajectories: TrajectoryCommitters, clock: SystemClock) -> FastAPI:
+def _state(answer: Answer, command: Any) -> Any:
+    if not answer.verdict.handled:
+        raise HTTPException(409, f"{type(command).__name__} {answer.verdict.outcome}")
+    return answer.state
+
+
+def create_app(owners: Sharded, clock: SystemClock, *, separate: bool = False) -> FastAPI:
     app = FastAPI()
 
-    async def decided(committer: Sharded[S, Any], command: Any) -> S:
-        state = await committer.decide(command)
-        if state is None:
-            raise HTTPException(409, f"{type(command).__name__} refused")
-        return state
+    async def decided(aggregate: str, command: Any) -> Any:
+        (answer,) = await owners.decide(Ask(aggregate, command))
+        return _state(answer, command)
 
     @app.post("/runs", status_code=201)
     async def submit(body: Submit) -> dict[str, Any]:
         run_id = run_id_for(body.tenant, body.key)
         spec = json.dumps({"agent": "bench-owner", "key": body.key}, sort_keys=True)
         state = await decided(
-            runs,
+            RUN,
             SubmitRun(
                 **_header(run_id, command_id_for(run_id, "SubmitRun", body.key), clock, run_id),
                 tenant=body.tenant,
@@ -288,7 +219,7 @@ def create_app(runs: RunCommitters, trajectories: TrajectoryCommitters, clock: S
     async def claim(run_id: str, body: Claim) -> dict[str, Any]:
         command_id = derived_id("cmd", run_id, "claim", body.runnerId)
         state = await decided(
-            runs,
+            RUN,
             ClaimRun(
                 **_header(run_id, command_id, clock, run_id),
                 runner_id=body.runnerId,
@@ -301,8 +232,9 @@ def create_app(runs: RunCommitters, trajectories: TrajectoryCommitters, clock: S
     async def holder_decided(kind: type[StartTrajectory | FinishTrajectory], run_id: str, body: Lease) -> Any:
         """A trajectory command that carries nothing but the holder's lease."""
         header = _header(run_id, derived_id("cmd", body.attemptId, kind.__name__), clock, body.attemptId)
-        command = kind(**header, attempt_id=body.attemptId, lease_epoch=body.leaseEpoch)
-        state = await decided(trajectories, command)
+        state = await decided(
+            TRAJECTORY, kind(**header, attempt_id=body.attemptId, lease_epoch=body.leaseEpoch)
+        )
         return {"status": state.status.value, "version": state.version}
 
     @app.post("/runs/{run_id}/trajectory", status_code=201)
@@ -312,34 +244,49 @@ def create_app(runs: RunCommitters, trajectories: TrajectoryCommitters, clock: S
 
     @app.post("/runs/{run_id}/trajectory/steps")
     async def propose(run_id: str, body: Proposal) -> dict[str, Any]:
-        """The step's intent, the gateway's fenced effect intent, the (trivial) effect, its
-        outcome on the Run and the step's commit: answered once the commit is durable."""
+        """The step's intent and the gateway's fenced effect intent (one unit), the (trivial)
+        effect, its outcome on the Run and the step's commit (one unit): answered once the
+        commit is durable."""
         params = json.dumps(body.params, sort_keys=True)
-        command_id = derived_id("cmd", body.attemptId, "propose", body.tool, params)
-        state = await decided(
-            trajectories,
-            ProposeStep(
-                **_header(run_id, command_id, clock, body.attemptId),
-                attempt_id=body.attemptId,
-                lease_epoch=body.leaseEpoch,
-                tool=body.tool,
-                params=params,
+        proposal = ProposeStep(
+            **_header(
+                run_id, derived_id("cmd", body.attemptId, "propose", body.tool, params), clock, body.attemptId
             ),
+            attempt_id=body.attemptId,
+            lease_epoch=body.leaseEpoch,
+            tool=body.tool,
+            params=params,
         )
-        step = state.steps[-1]
         lease: dict[str, Any] = {"attempt_id": body.attemptId, "lease_epoch": body.leaseEpoch}
+
+        def intent_of(answer: Answer) -> Ask | None:
+            if not answer.verdict.handled:
+                return None
+            step = answer.state.steps[-1]
+            effect_id = derived_id("eff", step.idempotency_key)
+            return Ask(
+                RUN,
+                RecordEffectIntent(
+                    **_header(run_id, derived_id("cmd", effect_id, "intent"), clock, body.attemptId),
+                    effect_id=effect_id,
+                    idempotency_key=step.idempotency_key,
+                    tool=step.gateway_tool,
+                    operation=step.operation,
+                    **lease,
+                ),
+            )
+
+        if separate:
+            (step_answer,) = await owners.decide(Ask(TRAJECTORY, proposal))
+            intent = intent_of(step_answer)
+            answers = (step_answer, *(await owners.decide(intent) if intent else ()))
+        else:
+            answers = await owners.decide(Ask(TRAJECTORY, proposal), intent_of)
+        if len(answers) < 2:
+            raise HTTPException(409, f"ProposeStep {answers[0].verdict.outcome}")
+        step = _state(answers[0], proposal).steps[-1]
+        _state(answers[1], "RecordEffectIntent")
         effect_id = derived_id("eff", step.idempotency_key)
-        await decided(
-            runs,
-            RecordEffectIntent(
-                **_header(run_id, derived_id("cmd", effect_id, "intent"), clock, body.attemptId),
-                effect_id=effect_id,
-                idempotency_key=step.idempotency_key,
-                tool=step.gateway_tool,
-                operation=step.operation,
-                **lease,
-            ),
-        )
         outcome = RecordEffectOutcome(
             **_header(run_id, derived_id("cmd", effect_id, "outcome"), clock, body.attemptId),
             effect_id=effect_id,
@@ -355,7 +302,12 @@ def create_app(runs: RunCommitters, trajectories: TrajectoryCommitters, clock: S
             # What the simulated environment's cache.warm answers (the effect itself is not made).
             output=json.dumps({"cacheId": f"cache-{effect_id}"}),
         )
-        _, after = await asyncio.gather(decided(runs, outcome), decided(trajectories, commit))
+        if separate:
+            _, after = await asyncio.gather(decided(RUN, outcome), decided(TRAJECTORY, commit))
+        else:
+            done = await owners.decide(Ask(RUN, outcome), lambda _answer: Ask(TRAJECTORY, commit))
+            _state(done[0], outcome)
+            after = _state(done[-1], commit)
         return {"stepIndex": step.index, "status": after.steps[step.index].status.value}
 
     @app.post("/runs/{run_id}/trajectory/finish")
@@ -367,7 +319,7 @@ def create_app(runs: RunCommitters, trajectories: TrajectoryCommitters, clock: S
     async def report(run_id: str, body: Lease) -> dict[str, Any]:
         command_id = derived_id("cmd", body.attemptId, "report")
         state = await decided(
-            runs,
+            RUN,
             ReportAttempt(
                 **_header(run_id, command_id, clock, body.attemptId),
                 attempt_id=body.attemptId,
@@ -381,76 +333,46 @@ def create_app(runs: RunCommitters, trajectories: TrajectoryCommitters, clock: S
 
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
-        committers: list[Committer[Any, Any]] = [*runs.committers, *trajectories.committers]
-        took = sorted(ms for c in committers for ms in c.handle_ms)
-        committing = sorted(ms for c in committers for ms in c.log.commit_ms)
-        for committer in committers:
-            committer.handle_ms.clear()
-            committer.log.commit_ms.clear()
+        took = sorted(ms for o in owners.owners for ms in o.committer.unit_ms)
+        committing = sorted(ms for o in owners.owners for ms in o.log.commit_ms)
+        for owner in owners.owners:
+            owner.committer.unit_ms.clear()
+            owner.log.commit_ms.clear()
         return {
             "handle_p50_ms": took[len(took) // 2] if took else 0.0,
             "handle_p99_ms": took[int(len(took) * 0.99)] if took else 0.0,
             "commit_p50_ms": committing[len(committing) // 2] if committing else 0.0,
             "commit_p99_ms": committing[int(len(committing) * 0.99)] if committing else 0.0,
-            "batches": sum(c.batches for c in committers),
-            "commands": sum(c.commands for c in committers),
-            "transactions": sum(c.log.transactions for c in committers),
-            "records": sum(c.log.records for c in committers),
-            "partitions": sum(c.log.partitions for c in committers),
+            "batches": sum(o.committer.units for o in owners.owners),
+            "commands": sum(o.committer.requests for o in owners.owners),
+            "transactions": sum(o.log.transactions for o in owners.owners),
+            "records": sum(o.log.records for o in owners.owners),
+            "partitions": sum(o.log.partitions for o in owners.owners),
         }
 
     return app
 
 
-def _restored(
-    processor: AggregateProcessor[S, C, Any, Any],
-    log: CountingLog,
-    record: Callable[[C], OutboundRecord],
-    handled: Callable[[S, str], bool],
-    partitions: set[int],
-    group: bool,
-) -> Committer[S, C]:
-    """The committer of `processor` once it restored `partitions` from the log."""
-    processor.restore_partitions(partitions)
-    return Committer(processor, log, record, handled, group)
-
-
 def main() -> None:
     port, bootstrap, state_dir = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
-    group = "--no-group" not in sys.argv[4:]
+    options = sys.argv[4:]
     shards = (
         [{p} for p in range(RUNS_COMMANDS.partitions)]
-        if "--per-partition" in sys.argv[4:]
+        if "--per-partition" in options
         else [set(range(RUNS_COMMANDS.partitions))]
     )
-    codec, clock = MessageCodec(), SystemClock()
-    catalog = load_catalog(CATALOG)
-    runs: dict[int, Committer[RunState, RunCommand]] = {}
-    trajectories: dict[int, Committer[TrajectoryState, TrajectoryCommand]] = {}
+    by_partition: dict[int, Owner] = {}
     for index, partitions in enumerate(shards):
-        run_log = CountingLog(KafkaEventLog(bootstrap, f"tenure-bench-owner-runs-{index}"))
-        trajectory_log = CountingLog(KafkaEventLog(bootstrap, f"tenure-bench-owner-trajectories-{index}"))
-        run_committer = _restored(
-            RunCommandProcessor(run_log, RocksStore(state_dir / f"runs-{index}"), codec, clock),
-            run_log,
-            lambda command: command_record(codec, command),
-            lambda state, command_id: command_id in state.handled_commands,
+        owner = Owner(
+            CountingLog(KafkaEventLog(bootstrap, f"tenure-bench-owner-{index}")),
+            RocksStore(state_dir / f"runs-{index}"),
+            RocksStore(state_dir / f"trajectories-{index}"),
             partitions,
-            group,
+            group="--no-group" not in options,
         )
-        trajectory_committer = _restored(
-            TrajectoryProcessor(
-                trajectory_log, RocksStore(state_dir / f"trajectories-{index}"), codec, clock, catalog
-            ),
-            trajectory_log,
-            lambda command: trajectory_command_record(codec, command),
-            lambda state, command_id: command_id in state.causes,
-            partitions,
-            group,
-        )
-        for partition in partitions:
-            runs[partition], trajectories[partition] = run_committer, trajectory_committer
-    serve_http(create_app(Sharded(runs), Sharded(trajectories), clock), "127.0.0.1", port, TenureSettings())
+        by_partition.update({partition: owner for partition in partitions})
+    app = create_app(Sharded(by_partition), SystemClock(), separate="--separate" in options)
+    serve_http(app, "127.0.0.1", port, TenureSettings())
 
 
 if __name__ == "__main__":

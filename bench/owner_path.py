@@ -7,18 +7,20 @@ the run's partition, decides in memory, appends a batch's events in one transact
 when it is durable. This script measures that design's core before anyone builds it:
 bench/_owner_server.py serves the benchmark's workflow (submit, claim, open the trajectory, k
 steps, finish, report) with both aggregates in one process, through Tenure's one aggregate
-runtime (`RunCommandProcessor` and `TrajectoryProcessor.handle`, a real Kafka transaction per
-batch, real RocksDB), a group commit per aggregate, and no command topics or followers. A step
-is one request: the step's intent, the fenced effect intent on the Run, the trivial effect, its
-outcome and the step's commit, answered once the commit is durable. --clients aiohttp clients
-run workflows back to back, as bench/durable_steps.py's clients do.
+runtime and its group committer over joint units (services/common/aggregate/group_commit.py:
+`RunCommandProcessor` and `TrajectoryProcessor` on one real Kafka transaction per unit, real
+RocksDB), and no command topics or followers. A step is one request: the step's intent with the
+fenced effect intent on the Run (one unit), the trivial effect, its outcome with the step's
+commit (one unit), answered once the commit is durable. --clients aiohttp clients run workflows
+back to back, as bench/durable_steps.py's clients do.
 
 It prints workflows/s, latency, transactions per workflow and the CPU per workflow of the owner,
-the broker and the clients, with the group commit and then without it (each command its own
-transaction), against DBOS's published figures.
+the broker and the clients for each case, against DBOS's published figures. The cases: "joint
+units" (the above), "separate units" (each of a step's commands a request of its own: three
+serial units per step instead of two) and "one transaction per command" (no group commit).
 
     PYTHONPATH=. .venv/bin/python -m bench.owner_path [--seconds 20] [--clients 8] [--steps 1,5]
-        [--group-only] [--tenants 1] [--per-partition]
+        [--cases "joint units,separate units"] [--group-only] [--tenants 1] [--per-partition]
 
 `--tenants N` spreads the clients' runs over N tenants on distinct partitions (all of a tenant's
 runs share one partition); `--per-partition` gives the owner one producer, processor and store
@@ -56,6 +58,12 @@ __all__ = ["OwnerRun", "main"]
 TOOL = "cache.warm"  # bench/durable_steps.py's trivial class-I tool
 DBOS_5STEP_PER_S = 45.4
 DBOS_P99_MS = {1: 90.0, 5: 241.0}
+# The cases, by name, with the server's options (bench/_owner_server.py).
+CASES: dict[str, tuple[str, ...]] = {
+    "joint units": (),
+    "separate units": ("--separate",),
+    "one transaction per command": ("--separate", "--no-group"),
+}
 
 
 @dataclass(frozen=True)
@@ -156,8 +164,7 @@ def measure(
     port = free_port()
     label = f"{case[:3]}{steps}"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    extra = ["--no-group"] if case == "one transaction per command" else []
-    extra += ["--per-partition"] if args.per_partition else []
+    extra = list(CASES[case]) + (["--per-partition"] if args.per_partition else [])
     state = workdir / f"{case.replace(' ', '-')}-{steps}"
     command = [sys.executable, "-m", "bench._owner_server", str(port), bootstrap, str(state), *extra]
     server = subprocess.Popen(command, env=env)
@@ -211,9 +218,9 @@ def measure(
     say(
         f"{case}, {steps}-step: {result.per_s:.1f} workflows/s, "
         f"p50 {result.p50_ms:.1f} / p99 {result.p99_ms:.1f} ms, "
-        f"{result.commands_per_batch:.1f} commands per batch, {result.transactions_per_workflow:.2f} "
+        f"{result.commands_per_batch:.1f} requests per unit, {result.transactions_per_workflow:.2f} "
         f"transactions per workflow ({result.records_per_transaction:.1f} records on "
-        f"{result.partitions_per_transaction:.1f} partitions each), a batch handled in p50 "
+        f"{result.partitions_per_transaction:.1f} partitions each), a unit decided and stored in p50 "
         f"{result.handle_p50_ms:.1f} / p99 {result.handle_p99_ms:.1f} ms (its Kafka transaction p50 "
         f"{result.commit_p50_ms:.1f} / p99 {result.commit_p99_ms:.1f} ms); CPU per workflow: owner "
         f"{result.owner_ms:.2f} ms, broker {result.broker_ms:.2f} ms, clients {result.client_ms:.2f} ms"
@@ -229,7 +236,7 @@ def report(runs: list[OwnerRun], args: argparse.Namespace) -> str:
         "figures on this machine's shape for the limit:",
         "",
         "| case | steps | workflows/s | DBOS wf/s | ratio | p50 / p99 ms | DBOS p99 | transactions per "
-        "workflow | commands per batch | batch p50 / p99 ms (its transaction) | CPU ms per workflow: "
+        "workflow | requests per unit | unit p50 / p99 ms (its transaction) | CPU ms per workflow: "
         "owner / broker / clients | owner + broker | DBOS's CPU budget |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
@@ -260,7 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0, help="each measured phase")
     parser.add_argument("--clients", type=int, default=8, help="concurrent clients")
     parser.add_argument("--steps", default="1,5", help="workflow sizes, comma-separated (default 1,5)")
-    parser.add_argument("--group-only", action="store_true", help="skip one transaction per command")
+    parser.add_argument(
+        "--cases",
+        default="joint units,separate units",
+        help=f"comma-separated, of: {', '.join(CASES)} (default: the first two)",
+    )
+    parser.add_argument("--group-only", action="store_true", help="joint units only")
     parser.add_argument(
         "--tenants",
         type=int,
@@ -274,7 +286,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     args.step_sizes = [int(part) for part in args.steps.split(",") if part.strip()]
-    args.cases = ("group commit",) if args.group_only else ("group commit", "one transaction per command")
+    args.cases = (
+        ["joint units"] if args.group_only else [c.strip() for c in args.cases.split(",") if c.strip()]
+    )
+    if not args.cases or any(case not in CASES for case in args.cases):
+        parser.error(f"--cases: comma-separated, of: {', '.join(CASES)}")
     if not (1 <= args.seconds <= 600 and 1 <= args.clients <= 256 and 1 <= args.tenants <= 64) or not all(
         1 <= k <= 50 for k in args.step_sizes
     ):

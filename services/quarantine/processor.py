@@ -226,7 +226,7 @@ class QuarantineProcessor(AggregateProcessor[AnyState, QuarantineCommand, Quaran
 
     def restore_partitions(self, partitions: set[int]) -> dict[int, int]:
         restored = super().restore_partitions(partitions)
-        self._notify(self.owing(partitions))
+        self.notify_changed(self.owing(partitions))
         return restored
 
     def rescan(self) -> int:
@@ -234,7 +234,7 @@ class QuarantineProcessor(AggregateProcessor[AnyState, QuarantineCommand, Quaran
         with self._lock:
             self._restore_missing()
             states = self.owing(self._assigned)
-        self._notify(states)
+        self.notify_changed(states)
         return len(states)
 
     def owing(self, partitions: set[int]) -> list[AnyState]:

@@ -324,7 +324,7 @@ class TrajectoryProcessor(
             time.monotonic() - started,
             time.time() - _PROCESS_STARTED,
         )
-        self._notify(self.active_states(partitions))
+        self.notify_changed(self.active_states(partitions))
         return restored
 
     def rescan(self) -> int:
@@ -335,7 +335,7 @@ class TrajectoryProcessor(
         with self._lock:
             self._restore_missing()
             states = self.active_states(self._assigned)
-        self._notify(states)
+        self.notify_changed(states)
         return len(states)
 
     def stats(self) -> RepairStats:

@@ -1,144 +1,95 @@
-"""The owner prototype that bench/owner_path.py measures (issue 11): its group commit and its
-report.
+"""The owner prototype that bench/owner_path.py measures (issue 11): its routes over the group
+committer, and its report.
 
-The prototype feeds requests straight into the one aggregate runtime. What must hold for its
-figures to mean anything: every command waiting when the committer is free is decided in one
-batch and one transaction, each request is answered with its own aggregate's state after that
-commit, a refused command is answered as refused, and the whole 1-step workflow of the
-benchmark goes through both aggregates to a succeeded run. Checked here over the in-memory
-event log (the bench itself runs on a real broker).
+The prototype feeds requests into the one aggregate runtime through the group committer over
+joint units (services/common/aggregate/group_commit.py; tests/unit/test_joint_unit.py holds its
+own tests). What must hold for the bench's figures to mean anything: the whole workflow of the
+benchmark goes through both aggregates to a succeeded run, a step costs two units (one with
+`--separate`: three), and a refused command is answered as refused. Checked here over the
+in-memory event log (the bench itself runs on a real broker).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
-from bench._owner_server import Committer, CountingLog, Sharded, create_app
+from bench._owner_server import CountingLog, Owner, Sharded, create_app
 from bench.owner_path import OwnerRun, report, tenants_over_partitions
 from services.common.clock import SystemClock
-from services.common.contracts import ClaimRun, RunCommand, SubmitRun
 from services.common.eventlog import MemoryEventLog
 from services.common.ids import run_id_for
-from services.common.messages import MessageCodec
-from services.common.routing import command_record, partition_for_run, trajectory_command_record
-from services.common.settings import repo_root
+from services.common.routing import partition_for_run
 from services.common.store import MemoryStore
 from services.common.topics import RUNS_COMMANDS
-from services.lease_coordinator.domain.state import RunState
-from services.lease_coordinator.processor import RunCommandProcessor
-from services.saga_orchestrator.domain import load_catalog
-from services.saga_orchestrator.processor import TrajectoryProcessor
 
-CATALOG = repo_root() / "services" / "sim_environment" / "tools.json"
-CODEC, CLOCK = MessageCodec(), SystemClock()
+CLOCK = SystemClock()
 
 
-def _run_committer(*, start: bool) -> Committer[RunState, RunCommand]:
+def _owner() -> Owner:
     log = CountingLog(MemoryEventLog())
-    processor = RunCommandProcessor(log, MemoryStore(), CODEC, CLOCK)
-    return Committer(
-        processor,
-        log,
-        lambda command: command_record(CODEC, command),
-        lambda state, command_id: command_id in state.handled_commands,
-        group=True,
-        start=start,
+    return Owner(log, MemoryStore(), MemoryStore(), set(range(RUNS_COMMANDS.partitions)))
+
+
+def _workflow(client: TestClient, key: str) -> dict[str, Any]:
+    run_id = client.post("/runs", json={"key": key}).json()["runId"]
+    grant = client.post(f"/runs/{run_id}/attempts", json={"runnerId": "r", "leaseSeconds": 600}).json()
+    lease = {"attemptId": grant["attemptId"], "leaseEpoch": grant["epoch"]}
+    assert client.post(f"/runs/{run_id}/trajectory", json=lease).status_code == 201
+    step = client.post(
+        f"/runs/{run_id}/trajectory/steps", json={**lease, "tool": "cache.warm", "params": {"name": "s"}}
     )
+    assert step.json() == {"stepIndex": 0, "status": "committed"}
+    assert client.post(f"/runs/{run_id}/trajectory/finish", json=lease).json()["status"] == "completed"
+    assert client.post(f"/runs/{run_id}/report", json=lease).json()["status"] == "succeeded"
+    return {"run_id": run_id, **lease}
 
 
-def _submit(key: str) -> SubmitRun:
-    header: dict[str, Any] = {"issued_at": CLOCK.now_ms(), "correlation_id": key, "actor": "test"}
-    return SubmitRun(
-        command_id=f"cmd_{key}",
-        run_id=run_id_for("t", key),
-        tenant="t",
-        idempotency_key=key,
-        execution_spec="{}",
-        timeout_seconds=60,
-        **header,
-    )
+@pytest.mark.parametrize(("separate", "requests_per_step"), [(False, 2), (True, 4)])
+def test_the_benchmark_workflow_goes_through_both_aggregates(separate: bool, requests_per_step: int) -> None:
+    owner = _owner()
+    try:
+        with TestClient(create_app(Sharded.single(owner), CLOCK, separate=separate)) as client:
+            lease = _workflow(client, "wf-1")
+            # A second proposal under the same lease after the finish is refused, as a 409.
+            again = {"attemptId": lease["attemptId"], "leaseEpoch": lease["leaseEpoch"]}
+            late = {**again, "tool": "cache.warm", "params": {"name": "late"}}
+            assert client.post(f"/runs/{lease['run_id']}/trajectory/steps", json=late).status_code == 409
+            stats = client.get("/stats").json()
+    finally:
+        owner.committer.stop()
+    # submit, claim, open, the step, finish, report, then the refused proposal, one request at a
+    # time, and each unit wrote (its events, or the refusal). A step is two requests of two
+    # commands each; with --separate, four requests, the last two (the outcome and the commit)
+    # sent together: one unit or two.
+    requests = 5 + requests_per_step + 1
+    assert stats["transactions"] == stats["batches"]
+    assert stats["commands"] == requests
+    assert stats["batches"] in ((requests - 1, requests) if separate else (requests,))
 
 
-def test_every_waiting_command_is_one_batch_and_one_transaction_each_answered_with_its_state() -> None:
-    committer = _run_committer(start=False)
-
-    async def scenario() -> list[RunState | None]:
-        waiting = [asyncio.ensure_future(committer.decide(_submit(f"k{i}"))) for i in range(20)]
-        await asyncio.sleep(0.05)  # every request has queued its command
-        committer.start()
-        return await asyncio.wait_for(asyncio.gather(*waiting), 10)
-
-    states = asyncio.run(scenario())
-    assert [s.run_id if s else None for s in states] == [run_id_for("t", f"k{i}") for i in range(20)]
-    assert all(s is not None and s.version == 1 for s in states)
-    assert (committer.batches, committer.commands) == (1, 20)
-    assert committer.log.transactions == 1
-    assert committer.log.records >= 20  # the 20 RunSubmitted, with their changelog states
-
-
-def test_a_refused_command_is_answered_as_refused_and_one_that_raises_with_its_error() -> None:
-    committer = _run_committer(start=True)
-    claim = ClaimRun(
-        command_id="cmd_claim",
-        run_id=run_id_for("t", "nobody"),
-        issued_at=CLOCK.now_ms(),
-        correlation_id="x",
-        actor="test",
-        runner_id="r",
-    )
-    assert asyncio.run(asyncio.wait_for(committer.decide(claim), 10)) is None
-    malformed = replace(claim, command_id="cmd_claim_2", run_id="not-a-run")
-    with pytest.raises(ValueError, match="not a run id"):
-        asyncio.run(asyncio.wait_for(committer.decide(malformed), 10))
-    # ... and the committer goes on deciding.
-    assert asyncio.run(asyncio.wait_for(committer.decide(_submit("after")), 10)) is not None
-
-
-def test_the_benchmark_workflow_goes_through_both_aggregates(tmp_path: Path) -> None:
-    runs = _run_committer(start=True)
-    log = CountingLog(MemoryEventLog())
-    trajectories = Committer(
-        TrajectoryProcessor(log, MemoryStore(), CODEC, CLOCK, load_catalog(CATALOG)),
-        log,
-        lambda command: trajectory_command_record(CODEC, command),
-        lambda state, command_id: command_id in state.causes,
-        group=True,
-    )
-    with TestClient(create_app(Sharded.single(runs), Sharded.single(trajectories), CLOCK)) as client:
-        run_id = client.post("/runs", json={"key": "wf-1"}).json()["runId"]
-        grant = client.post(f"/runs/{run_id}/attempts", json={"runnerId": "r", "leaseSeconds": 600}).json()
-        lease = {"attemptId": grant["attemptId"], "leaseEpoch": grant["epoch"]}
-        assert client.post(f"/runs/{run_id}/trajectory", json=lease).status_code == 201
-        step = client.post(
-            f"/runs/{run_id}/trajectory/steps", json={**lease, "tool": "cache.warm", "params": {"name": "s"}}
-        )
-        assert step.json() == {"stepIndex": 0, "status": "committed"}
-        assert client.post(f"/runs/{run_id}/trajectory/finish", json=lease).json()["status"] == "completed"
-        assert client.post(f"/runs/{run_id}/report", json=lease).json()["status"] == "succeeded"
-        # A second proposal under the same lease after the finish is refused, as a 409.
-        again = {**lease, "tool": "cache.warm", "params": {"name": "late"}}
-        assert client.post(f"/runs/{run_id}/trajectory/steps", json=again).status_code == 409
-        stats = client.get("/stats").json()
-    # submit, claim, effect intent, effect outcome, report; open, propose, commit, finish; the
-    # refused proposal. One at a time, so each was a batch of its own, and each batch wrote
-    # (its events, or the refusal).
-    assert stats["commands"] == stats["batches"] == stats["transactions"] == 10
+def test_a_refused_claim_is_answered_409_and_the_owner_goes_on() -> None:
+    owner = _owner()
+    try:
+        with TestClient(create_app(Sharded.single(owner), CLOCK)) as client:
+            nobody = run_id_for("bench-owner", "nobody")
+            answer = client.post(f"/runs/{nobody}/attempts", json={"runnerId": "r", "leaseSeconds": 60})
+            assert answer.status_code == 409
+            _workflow(client, "after")
+    finally:
+        owner.committer.stop()
 
 
 def test_the_report_sets_each_case_against_dbos() -> None:
     runs = [
         OwnerRun(
-            "group commit", 1, 1000, 10.0, 80.0, 120.0, 7.0, 7.0, 2.0, 3.0, 3.3, 5.0, 2.0, 5.0, 20.0, 3.0, 9.0
+            "joint units", 1, 1000, 10.0, 80.0, 120.0, 7.0, 7.0, 2.0, 3.0, 3.3, 5.0, 2.0, 5.0, 20.0, 3.0, 9.0
         ),
         OwnerRun(
-            "group commit",
+            "joint units",
             5,
             400,
             10.0,
@@ -158,13 +109,13 @@ def test_the_report_sets_each_case_against_dbos() -> None:
         ),
     ]
     text = report(runs, argparse.Namespace(clients=8, seconds=10.0))
-    one = next(line for line in text.splitlines() if line.startswith("| group commit | 1 |"))
+    one = next(line for line in text.splitlines() if line.startswith("| joint units | 1 |"))
     cells = [cell.strip() for cell in one.strip("|").split("|")]
     assert cells[2] == "100.0"  # 1,000 workflows in 10 s
     assert cells[4] == f"{100.0 / 144.0:.2f}x"
     assert cells[11] == "14.00"  # owner + broker
     assert cells[12] == f"{2000 / 144.0:.1f}"
-    five = next(line for line in text.splitlines() if line.startswith("| group commit | 5 |"))
+    five = next(line for line in text.splitlines() if line.startswith("| joint units | 5 |"))
     assert f"{40.0 / 45.4:.2f}x" in five
 
 

@@ -63,7 +63,7 @@ def test_a_renewal_reads_back_the_state_the_last_command_wrote_without_decoding_
 
 def test_at_most_the_bound_is_kept_and_the_oldest_goes_first() -> None:
     processor = RunCommandProcessor(MemoryEventLog(), MemoryStore(), CODEC, ManualClock())
-    processor._DECODED_KEPT = 3  # type: ignore[misc]
-    processor._keep_decoded((f"run-{n}", b"x", None) for n in range(5))  # type: ignore[misc]
-    processor._keep_decoded([("run-2", b"y", None)])  # type: ignore[list-item]
-    assert list(processor._decoded) == ["run-3", "run-4", "run-2"]
+    processor.decoded.bound = 3
+    processor.decoded.keep((f"run-{n}", b"x", None) for n in range(5))  # type: ignore[misc]
+    processor.decoded.keep([("run-2", b"y", None)])  # type: ignore[list-item]
+    assert processor.decoded.ids() == ["run-3", "run-4", "run-2"]

@@ -9,7 +9,7 @@ from services.common.aggregate.definition import BatchContext
 from services.common.aggregate.keepalives import Kept
 from services.common.kafka import OutboundRecord
 
-__all__ = ["BatchOutcome", "Changes", "Decided"]
+__all__ = ["BatchOutcome", "Changes", "Decided", "Unit", "Verdict"]
 
 S = TypeVar("S")
 E = TypeVar("E")
@@ -58,6 +58,7 @@ class Decided(Generic[S, E]):
     # its keepalive record), or its events begin with the aggregate's kept event.
     kept: Kept[S, E] | None = None
     unkept: bool = False
+    refusal: Any = None  # the definition's refusal record, when refused
 
 
 @dataclass
@@ -96,3 +97,40 @@ class Changes(Generic[S, E]):
 
     def partition(self, aggregate_id: str, default: int) -> int:
         return self.partition_of.get(aggregate_id, default)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one command came to in its unit of work, for a caller that waits on it (a joint
+    unit's requests, services/common/aggregate/joint.py). `refusal`: the definition's refusal
+    record; `error`: what the handling of a command set aside raised."""
+
+    ACCEPTED = "accepted"  # decided now: its events (or its kept renewal) are in the unit
+    DUPLICATE = "duplicate"  # accepted before: nothing new happens
+    REFUSED = "refused"  # refused now: its refusal is in the unit
+    REFUSED_BEFORE = "refused-before"  # refused (or set aside) by an earlier unit
+    FAILED = "failed"  # its handling raised: dead-lettered and refused (poison.py)
+    DEADLETTERED = "deadlettered"  # undecodable or misaddressed: dead-lettered
+
+    outcome: str
+    aggregate_id: str | None
+    refusal: Any = None
+    error: Exception | None = None
+
+    @property
+    def handled(self) -> bool:
+        """The command is part of the aggregate's history (decided now or before)."""
+        return self.outcome in (self.ACCEPTED, self.DUPLICATE)
+
+
+@dataclass
+class Unit(Generic[S, E]):
+    """One unit of work of one aggregate in progress: its working set, the records its
+    transaction will carry and the events among them, before the transaction."""
+
+    changes: Changes[S, E]
+    now: int
+    started: float
+    outcome: BatchOutcome
+    out: list[OutboundRecord] = field(default_factory=list)
+    events: list[tuple[E, int]] = field(default_factory=list)

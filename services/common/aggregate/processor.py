@@ -46,16 +46,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Generic, TypeVar
 
-from services.common.aggregate import changelog
-from services.common.aggregate.changes import BatchOutcome, Changes, Decided
+from services.common.aggregate.changes import BatchOutcome, Changes, Decided, Unit, Verdict
+from services.common.aggregate.decoded import DecodedStates
 from services.common.aggregate.definition import AggregateDefinition, Refused, Transition
 from services.common.aggregate.intake import Intake
 from services.common.aggregate.keepalives import Kept, KeptDecisions, decide_with_kept
 from services.common.aggregate.restore import PartitionRestorer
+from services.common.aggregate.unit_outputs import changelog_records, published_after
 from services.common.avro import SchemaRegistryError
 from services.common.clock import Clock
 from services.common.eventlog import EventLog
@@ -64,7 +64,7 @@ from services.common.kafka import InboundRecord, OutboundRecord
 from services.common.messages import MessageCodec
 from services.common.poison import ensure_writable
 from services.common.store import KeyValueStore
-from services.common.tracing import commit_span, decide_span, remember, traced_as, traced_records
+from services.common.tracing import commit_span, decide_span, remember, traced_records
 
 __all__ = ["AggregateProcessor"]
 
@@ -80,12 +80,6 @@ class AggregateProcessor(Generic[S, C, E, X]):
     outcome_type: type[BatchOutcome] = BatchOutcome
     # Events per transaction of a tick with many timers due at once.
     _TICK_CHUNK = 500
-    # Decoded states kept beside the bytes they were read from or written as. An aggregate's
-    # next command reads back the state its last one wrote (a lease renewal every few seconds),
-    # and decoding it was a tenth of the coordinator's CPU (issue 16). A kept state is used only
-    # when the stored bytes are exactly those it came with, so nothing that writes the store
-    # another way (a restore, a rebuild) is ever answered from memory.
-    _DECODED_KEPT = 20_000
 
     def __init__(
         self,
@@ -100,6 +94,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
     ) -> None:
         self.definition = definition
         self.metrics = metrics or ProcessorMetrics(definition.name)
+        self.event_log = event_log  # the writer a joint unit shares (joint.py)
         self._log = self.metrics.watch(event_log)  # counts the transactions that did not commit
         self._store = store
         self._codec = codec
@@ -117,8 +112,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
         self._timer_floor: dict[int, int] = {}
         self._tick_indexed: dict[int, int] = {}
         self._lock = threading.Lock()
-        self._decoded: dict[str, tuple[bytes, S]] = {}  # oldest first
-        self._decoded_lock = threading.Lock()  # `load` is also called outside `_lock`
+        self.decoded: DecodedStates[S] = DecodedStates(lambda raw: definition.state_codec.decode(raw))
         self._kept: KeptDecisions[S, E] = KeptDecisions()  # keepalives.py
         self._markers = int(getattr(event_log, "markers_per_commit", 0))
         self._intake: Intake[S, C] = Intake(definition, codec, self.metrics.deadlettered)
@@ -176,24 +170,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
 
     def load(self, aggregate_id: str) -> S | None:
         raw = self._store.get(self._layout.state_key(aggregate_id))
-        if raw is None:
-            return None
-        with self._decoded_lock:
-            kept = self._decoded.get(aggregate_id)
-        if kept is not None and kept[0] == raw:
-            return kept[1]
-        state = self.definition.state_codec.decode(raw)
-        self._keep_decoded(((aggregate_id, raw, state),))
-        return state
-
-    def _keep_decoded(self, entries: Iterable[tuple[str, bytes, S]]) -> None:
-        with self._decoded_lock:
-            kept = self._decoded
-            for aggregate_id, raw, state in entries:
-                kept.pop(aggregate_id, None)  # re-inserted: the newest is last
-                kept[aggregate_id] = (raw, state)
-            while len(kept) > self._DECODED_KEPT:
-                del kept[next(iter(kept))]
+        return None if raw is None else self.decoded.of(aggregate_id, raw)
 
     def _restore_missing(self) -> None:
         for partition in sorted(self._assigned - self._restored):
@@ -217,59 +194,89 @@ class AggregateProcessor(Generic[S, C, E, X]):
             except BaseException:
                 # The commit may have landed before the failure: restore from the log before
                 # any retry instead of trusting what this process believes it wrote.
-                self._restored.clear()
-                self._kept.clear()
+                self.forget_restored()
                 raise
         if changed:
-            self._notify(changed)
+            self.notify_changed(changed)
         return outcome
 
-    def _notify(self, states: Sequence[S]) -> None:
+    def notify_changed(self, states: Sequence[S]) -> None:
         if self._on_changed is not None:
             self._on_changed(states)
 
     def _handle(self, records: Sequence[InboundRecord]) -> tuple[BatchOutcome, list[S]]:
-        handling_started = time.monotonic()
-        outcome = self.outcome_type()
-        for partition in sorted({r.partition for r in records} - self._restored):
+        unit = self.open_unit({r.partition for r in records})
+        self.decide_into(unit, records)
+        unit.outcome.published = self._commit(unit.out, unit.events, unit.changes)
+        return self._closed(unit)
+
+    # --- a unit of work driven from outside (a joint unit across aggregates: joint.py) ----------
+    # The caller holds `lock` from `open_unit` to `unit_committed` (or `forget_restored`).
+
+    @property
+    def lock(self) -> threading.Lock:
+        return self._lock
+
+    def open_unit(self, partitions: set[int]) -> Unit[S, E]:
+        """Step 1 for `partitions` not restored yet, then an empty unit of work (step 2 follows)."""
+        started, outcome = time.monotonic(), self.outcome_type()
+        for partition in sorted(partitions - self._restored):
             outcome.restored_events[partition] = self._restore(partition)
-        now = self._clock.now_ms()
-        changes = self._changes()
-        out: list[OutboundRecord] = []
-        events: list[tuple[E, int]] = []
+        return Unit(self._changes(), self._clock.now_ms(), started, outcome)
+
+    def decide_into(self, unit: Unit[S, E], records: Sequence[InboundRecord]) -> list[Verdict]:
+        """Step 2 for `records`, on the unit's working set; what each command came to."""
+        if missing := {r.partition for r in records} - self._restored:
+            raise ValueError(f"{self.definition.name}: partitions {sorted(missing)} are not restored")
+        verdicts: list[Verdict] = []
         for record in records:
-            commands = self._intake.commands_of(record, out)
+            commands = self._intake.commands_of(record, unit.out)
             if not commands:
-                outcome.commands += 1
-                outcome.deadlettered += 1
+                unit.outcome.commands += 1
+                unit.outcome.deadlettered += 1
+                verdicts.append(Verdict(Verdict.DEADLETTERED, None))
                 continue
             for command in commands:  # one, or the commands of an envelope, each as if alone
-                outcome.commands += 1
-                self._decide_in_batch(record, command, now, changes, out, events, outcome)
-        outcome.published = self._commit(out, events, changes)
-        self.metrics.batch(outcome.by_outcome(), outcome.events)
-        self.metrics.batch_took(time.monotonic() - handling_started)
-        return outcome, list(changes.after.values())
+                unit.outcome.commands += 1
+                verdicts.append(self._decide_in_batch(record, command, unit))
+        return verdicts
 
-    def _decide_in_batch(
-        self,
-        record: InboundRecord,
-        command: C,
-        now: int,
-        changes: Changes[S, E],
-        out: list[OutboundRecord],
-        events: list[tuple[E, int]],
-        outcome: BatchOutcome,
-    ) -> None:
-        """Step 2 for one command: decided against the batch's working set, which changes only
-        if nothing raised; a command whose handling raises is set aside and the batch goes on."""
-        d = self.definition
+    def unit_state(self, unit: Unit[S, E], aggregate_id: str) -> S | None:
+        """The state the unit's decisions leave (with a kept renewal, the one after it)."""
+        kept = self._kept.of(unit.changes, aggregate_id)
+        return kept.effective if kept is not None else self._state(unit.changes, aggregate_id)
+
+    def unit_records(self, unit: Unit[S, E]) -> list[OutboundRecord]:
+        """Step 3's records: what the unit's transaction must carry."""
+        return self._to_write(unit.out, unit.events, unit.changes)
+
+    def unit_committed(
+        self, unit: Unit[S, E], records: Sequence[OutboundRecord], written: Mapping[tuple[str, int], int]
+    ) -> tuple[BatchOutcome, list[S]]:
+        """Steps 3 (after the transaction committed `records`) and 4; the unit's counts and states."""
+        unit.outcome.published = self._committed(records, unit.events, unit.changes, written, unit.started)
+        return self._closed(unit)
+
+    def forget_restored(self) -> None:
+        """A unit failed, and its commit may have landed: restore from the log before the next."""
+        self._restored.clear()
+        self._kept.clear()
+
+    def _closed(self, unit: Unit[S, E]) -> tuple[BatchOutcome, list[S]]:
+        self.metrics.batch(unit.outcome.by_outcome(), unit.outcome.events)
+        self.metrics.batch_took(time.monotonic() - unit.started)
+        return unit.outcome, list(unit.changes.after.values())
+
+    def _decide_in_batch(self, record: InboundRecord, command: C, unit: Unit[S, E]) -> Verdict:
+        """Step 2 for one command: decided against the unit's working set, which changes only
+        if nothing raised; a command whose handling raises is set aside and the unit goes on."""
+        d, changes, outcome = self.definition, unit.changes, unit.outcome
         command_id = d.command_id(command)
+        aggregate_id = d.aggregate_id(command)
         if command_id in changes.rejected or self._store.get(self._layout.rejected_key(command_id)):
             outcome.duplicates += 1  # refused once, refused for good: the caller has its answer
-            return
+            return Verdict(Verdict.REFUSED_BEFORE, aggregate_id)
         # Reads of the store stay outside the guard: their failure is the infrastructure's.
-        aggregate_id = d.aggregate_id(command)
         kept = self._kept.of(changes, aggregate_id)
         # A kept event's durable state is the store's (keepalives.py), so it is not read back:
         # beyond the decoded-state cache (issue 16: 100,000 runs) that read was also a decode.
@@ -280,32 +287,36 @@ class AggregateProcessor(Generic[S, C, E, X]):
             # Tracing (issue 17): the decision continues the trace the command's headers
             # carry, and its records (events, refusal) carry the decision's own context.
             with decide_span(record, command):
+                now = unit.now
                 decided = self._decide_one(record, command, state, kept, now, context, partition, changes)
                 decided.written[:] = traced_records(decided.written)
                 remember(aggregate_id)
         except SchemaRegistryError:
             raise  # the registry's outage, not the command's fault: retry the batch
         except Exception as exc:
-            out += self._intake.set_aside(record, command, state, exc, now)
+            unit.out += self._intake.set_aside(record, command, state, exc, unit.now)
             changes.rejected.add(command_id)
             outcome.failed += 1
-            return
-        out.extend(decided.written)
+            return Verdict(Verdict.FAILED, aggregate_id, error=exc)
+        unit.out.extend(decided.written)
         if decided.refused:
             changes.rejected.add(command_id)
             outcome.rejections += 1
-        elif decided.kept is not None:
+            return Verdict(Verdict.REFUSED, aggregate_id, refusal=decided.refusal)
+        if decided.kept is not None:
             changes.kept[aggregate_id] = decided.kept
             outcome.accepted += 1
             outcome.kept += 1
-        elif not decided.events or decided.after is None:
+            return Verdict(Verdict.ACCEPTED, aggregate_id)
+        if not decided.events or decided.after is None:
             outcome.duplicates += 1  # decided before: nothing new happens
-        else:
-            changes.settle(partition, aggregate_id, state, decided.after)
-            self._kept.settle(changes, aggregate_id, decided.unkept)
-            events.extend(decided.events)
-            outcome.events += len(decided.events)
-            outcome.accepted += 1
+            return Verdict(Verdict.DUPLICATE, aggregate_id)
+        changes.settle(partition, aggregate_id, state, decided.after)
+        self._kept.settle(changes, aggregate_id, decided.unkept)
+        unit.events.extend(decided.events)
+        outcome.events += len(decided.events)
+        outcome.accepted += 1
+        return Verdict(Verdict.ACCEPTED, aggregate_id)
 
     def _decide_one(
         self,
@@ -341,7 +352,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
         if isinstance(decision, Refused):
             written = [self._codec.outbound(d.rejections_topic, key, decision.record, record.partition)]
             ensure_writable(written)
-            return Decided(written, [], state, refused=True)
+            return Decided(written, [], state, refused=True, refusal=decision.record)
         if materialise is not None:
             decided = self._evolve(key, partition, state, (materialise, *decision), changes)
             decided.unkept = True
@@ -378,8 +389,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
                 self._restore_missing()
                 return self._tick(self._clock.now_ms()) if self.definition.has_timers else 0
             except BaseException:
-                self._restored.clear()
-                self._kept.clear()
+                self.forget_restored()
                 raise
 
     def _tick(self, now: int) -> int:
@@ -474,14 +484,31 @@ class AggregateProcessor(Generic[S, C, E, X]):
 
     def _commit(self, out: list[OutboundRecord], events: list[tuple[E, int]], changes: Changes[S, E]) -> int:
         """Step 3 then step 4; the number of records published after the commit."""
-        d = self.definition
         started = time.monotonic()
+        records = self._to_write(out, events, changes)
+        with commit_span(self.definition.name, len(records)):  # tracing (issue 17): linked to the decisions
+            written = self._log.commit(records)
+        return self._committed(records, events, changes, written, started)
+
+    def _to_write(
+        self, out: list[OutboundRecord], events: list[tuple[E, int]], changes: Changes[S, E]
+    ) -> list[OutboundRecord]:
+        d = self.definition
         if d.changelog_topic is not None and changes.after:
-            out = out + self._changelog_records(d.changelog_topic, events, changes)
+            out = out + changelog_records(d, events, changes, self.checkpoint)
         if d.keepalive_topic is not None and (changes.kept or changes.unkept):
             out = out + self._kept.marks(changes, d)
-        with commit_span(d.name, len(out)):  # tracing (issue 17): linked to the batch's decisions
-            written = self._log.commit(out)
+        return out
+
+    def _committed(
+        self,
+        out: Sequence[OutboundRecord],
+        events: list[tuple[E, int]],
+        changes: Changes[S, E],
+        written: Mapping[tuple[str, int], int],
+        started: float,
+    ) -> int:
+        d = self.definition
         counted = events
         if d.keepalive_topic is not None:
             # A kept event is counted when it is kept, not again when it goes on the events topic.
@@ -490,40 +517,13 @@ class AggregateProcessor(Generic[S, C, E, X]):
         if out:
             self.metrics.transaction(time.monotonic() - started)
         self.metrics.committed(counted)  # the areas' meters count what was committed (services/*/metrics.py)
-        changes.published.extend(self._published_after(events, written))
+        changes.published.extend(published_after(d, self._codec, events, written))
         for (topic, partition), offset in written.items():
             if topic in (d.events_topic, d.rejections_topic):
                 changes.checkpoints[self._layout.checkpoint_key(topic, partition)] = offset + 1
         published = len(changes.published)
         self._persist(changes)
         return published
-
-    def _changelog_records(
-        self, topic: str, events: list[tuple[E, int]], changes: Changes[S, E]
-    ) -> list[OutboundRecord]:
-        """The unit's states (encoded once: the store write reuses the bytes) and the events
-        offset the store had folded to before it, on each partition it writes events to."""
-        encode, encoded = self.definition.state_codec.encode, changes.encoded
-        states = []
-        for aggregate_id, state in changes.after.items():
-            raw = encoded[aggregate_id] = encode(state)
-            states.append((aggregate_id, changes.partition_of[aggregate_id], raw))
-        # One store read per partition the unit writes to, not per event.
-        folded_to = {partition: self.checkpoint(partition) for partition in {p for _, p in events}}
-        return changelog.unit_records(topic, states, folded_to, self.definition.state_format)
-
-    def _published_after(
-        self, events: list[tuple[E, int]], written: Mapping[tuple[str, int], int]
-    ) -> Iterable[OutboundRecord]:
-        # One writer per partition and one transaction per batch: the events of a partition got
-        # consecutive offsets ending at the last one written, so each event's offset is exact.
-        topic = self.definition.events_topic
-        later = Counter(partition for _, partition in events)
-        for event, partition in events:
-            later[partition] -= 1
-            offset = written[(topic, partition)] - later[partition]
-            published = self.definition.published_outputs(event, partition, offset, self._codec)
-            yield from traced_as(self.definition.aggregate_id(event), published)
 
     def _persist(self, changes: Changes[S, E]) -> None:
         """Publish what must precede the checkpoints, then states, index entries, refused ids,
@@ -570,7 +570,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
         deletes.extend(layout.timer_failed_key(i) for i in cleared)
         if puts or deletes:
             self._store.write(puts, tuple(key for key in deletes if key not in puts))
-        self._keep_decoded(
+        self.decoded.keep(
             (i, puts[layout.state_key(i)], s) for i, s in changes.after.items() if s is not None
         )
         for aggregate_id in cleared:
