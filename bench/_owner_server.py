@@ -37,7 +37,7 @@ from pydantic import BaseModel, Field
 
 from services.common.aggregate.group_commit import Answer, Ask, GroupCommitter, as_inbound
 from services.common.aggregate.joint import JointUnit
-from services.common.clock import SystemClock
+from services.common.clock import Clock, SystemClock
 from services.common.contracts import (
     ClaimRun,
     FinishTrajectory,
@@ -62,7 +62,16 @@ from services.lease_coordinator.processor import RunCommandProcessor
 from services.saga_orchestrator.domain import load_catalog
 from services.saga_orchestrator.processor import TrajectoryProcessor
 
-__all__ = ["CountingLog", "Owner", "Sharded", "create_app", "main"]
+__all__ = [
+    "CountingLog",
+    "Owner",
+    "Sharded",
+    "command_header",
+    "create_app",
+    "effect_intent",
+    "main",
+    "outcome_and_commit",
+]
 
 ACTOR = "bench-owner"
 TENANT = "bench-owner"
@@ -109,18 +118,19 @@ class Owner:
         trajectories: KeyValueStore,
         partitions: set[int],
         *,
+        clock: Clock | None = None,
         group: bool = True,
         start: bool = True,
     ) -> None:
-        codec, clock = MessageCodec(), SystemClock()
+        codec, clock = MessageCodec(), clock or SystemClock()
         self.log = log
-        run_processor = RunCommandProcessor(log, runs, codec, clock)
-        trajectory_processor = TrajectoryProcessor(log, trajectories, codec, clock, load_catalog(CATALOG))
-        for processor in (run_processor, trajectory_processor):
+        self.runs = RunCommandProcessor(log, runs, codec, clock)
+        self.trajectories = TrajectoryProcessor(log, trajectories, codec, clock, load_catalog(CATALOG))
+        for processor in (self.runs, self.trajectories):
             processor.restore_partitions(partitions)
-        joint = JointUnit(log, [run_processor, trajectory_processor], owned=frozenset(partitions))
+        self.joint = JointUnit(log, [self.runs, self.trajectories], owned=frozenset(partitions))
         self.committer = GroupCommitter(
-            joint,
+            self.joint,
             {
                 RUN: lambda command: as_inbound(command_record(codec, command)),
                 TRAJECTORY: lambda command: as_inbound(trajectory_command_record(codec, command)),
@@ -177,13 +187,55 @@ class Proposal(Lease):
 
 
 def _header(run_id: str, command_id: str, clock: SystemClock, correlation: str) -> dict[str, Any]:
+    return command_header(run_id, command_id, clock.now_ms(), correlation)
+
+
+def command_header(run_id: str, command_id: str, now_ms: int, correlation: str) -> dict[str, Any]:
     return {
         "command_id": command_id,
         "run_id": run_id,
-        "issued_at": clock.now_ms(),
+        "issued_at": now_ms,
         "correlation_id": correlation,
         "actor": ACTOR,
     }
+
+
+def effect_intent(run_id: str, attempt_id: str, epoch: int, step: Any, now_ms: int) -> RecordEffectIntent:
+    """The gateway's intent for the effect of `step` (a step the Trajectory recorded)."""
+    effect_id = derived_id("eff", step.idempotency_key)
+    return RecordEffectIntent(
+        **command_header(run_id, derived_id("cmd", effect_id, "intent"), now_ms, attempt_id),
+        attempt_id=attempt_id,
+        lease_epoch=epoch,
+        effect_id=effect_id,
+        idempotency_key=step.idempotency_key,
+        tool=step.gateway_tool,
+        operation=step.operation,
+    )
+
+
+def outcome_and_commit(
+    run_id: str, attempt_id: str, epoch: int, step: Any, now_ms: int
+) -> tuple[RecordEffectOutcome, RecordStepOutcome]:
+    """The (trivial, not made) effect's outcome on the Run and the step's commit, with what the
+    simulated environment's cache.warm answers."""
+    effect_id = derived_id("eff", step.idempotency_key)
+    outcome = RecordEffectOutcome(
+        **command_header(run_id, derived_id("cmd", effect_id, "outcome"), now_ms, attempt_id),
+        attempt_id=attempt_id,
+        lease_epoch=epoch,
+        effect_id=effect_id,
+        outcome="committed",
+    )
+    commit = RecordStepOutcome(
+        **command_header(run_id, derived_id("cmd", step.idempotency_key, "committed"), now_ms, run_id),
+        step_index=step.index,
+        dispatch=step.dispatch,
+        lease_epoch=epoch,
+        outcome="committed",
+        output=json.dumps({"cacheId": f"cache-{effect_id}"}),
+    )
+    return outcome, commit
 
 
 def _state(answer: Answer, command: Any) -> Any:
@@ -257,24 +309,12 @@ def create_app(owners: Sharded, clock: SystemClock, *, separate: bool = False) -
             tool=body.tool,
             params=params,
         )
-        lease: dict[str, Any] = {"attempt_id": body.attemptId, "lease_epoch": body.leaseEpoch}
 
         def intent_of(answer: Answer) -> Ask | None:
             if not answer.verdict.handled:
                 return None
             step = answer.state.steps[-1]
-            effect_id = derived_id("eff", step.idempotency_key)
-            return Ask(
-                RUN,
-                RecordEffectIntent(
-                    **_header(run_id, derived_id("cmd", effect_id, "intent"), clock, body.attemptId),
-                    effect_id=effect_id,
-                    idempotency_key=step.idempotency_key,
-                    tool=step.gateway_tool,
-                    operation=step.operation,
-                    **lease,
-                ),
-            )
+            return Ask(RUN, effect_intent(run_id, body.attemptId, body.leaseEpoch, step, clock.now_ms()))
 
         if separate:
             (step_answer,) = await owners.decide(Ask(TRAJECTORY, proposal))
@@ -286,22 +326,7 @@ def create_app(owners: Sharded, clock: SystemClock, *, separate: bool = False) -
             raise HTTPException(409, f"ProposeStep {answers[0].verdict.outcome}")
         step = _state(answers[0], proposal).steps[-1]
         _state(answers[1], "RecordEffectIntent")
-        effect_id = derived_id("eff", step.idempotency_key)
-        outcome = RecordEffectOutcome(
-            **_header(run_id, derived_id("cmd", effect_id, "outcome"), clock, body.attemptId),
-            effect_id=effect_id,
-            outcome="committed",
-            **lease,
-        )
-        commit = RecordStepOutcome(
-            **_header(run_id, derived_id("cmd", step.idempotency_key, "committed"), clock, run_id),
-            step_index=step.index,
-            dispatch=step.dispatch,
-            lease_epoch=body.leaseEpoch,
-            outcome="committed",
-            # What the simulated environment's cache.warm answers (the effect itself is not made).
-            output=json.dumps({"cacheId": f"cache-{effect_id}"}),
-        )
+        outcome, commit = outcome_and_commit(run_id, body.attemptId, body.leaseEpoch, step, clock.now_ms())
         if separate:
             _, after = await asyncio.gather(decided(RUN, outcome), decided(TRAJECTORY, commit))
         else:

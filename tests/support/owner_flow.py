@@ -2,7 +2,8 @@
 11): a run submitted and claimed, its trajectory opened, then per step the intent and, from the
 step the Trajectory recorded, the effect's intent the Run fences (services/common/aggregate/
 group_commit.py decides both in one unit). Used by the joint unit's tests, in process and in a
-process that is SIGKILLed (tests/support/owner_worker.py)."""
+process that is SIGKILLed (tests/support/owner_worker.py); the commands are built as the owner
+prototype that bench/owner_path.py measures builds them."""
 
 from __future__ import annotations
 
@@ -11,38 +12,31 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from services.common.aggregate.group_commit import Answer, Ask, GroupCommitter, as_inbound
-from services.common.aggregate.joint import JointUnit
+from bench._owner_server import CountingLog, Owner, command_header, effect_intent, outcome_and_commit
+from services.common.aggregate.group_commit import Answer, Ask
 from services.common.clock import Clock
 from services.common.contracts import (
     ClaimRun,
     ProposeStep,
-    RecordEffectIntent,
-    RecordEffectOutcome,
-    RecordStepOutcome,
     StartTrajectory,
     SubmitRun,
 )
 from services.common.eventlog import EventLog
 from services.common.ids import derived_id, run_id_for
 from services.common.messages import MessageCodec
-from services.common.routing import command_record, trajectory_command_record
 from services.common.settings import repo_root
 from services.common.store import KeyValueStore
-from services.lease_coordinator.processor import RunCommandProcessor
-from services.saga_orchestrator.domain import load_catalog
-from services.saga_orchestrator.processor import TrajectoryProcessor
 
 __all__ = [
     "RUN",
     "TRAJECTORY",
     "Lease",
-    "Owner",
     "claim",
     "effect_intent_after",
-    "outcome_and_commit",
+    "owner_of",
     "propose",
     "start",
+    "step_done",
     "submit",
 ]
 
@@ -60,13 +54,7 @@ class Lease:
 
 
 def _header(run_id: str, command_id: str, now_ms: int) -> dict[str, Any]:
-    return {
-        "command_id": command_id,
-        "run_id": run_id,
-        "issued_at": now_ms,
-        "correlation_id": run_id,
-        "actor": "owner-flow",
-    }
+    return command_header(run_id, command_id, now_ms, run_id)
 
 
 def submit(key: str, now_ms: int, tenant: str = TENANT) -> SubmitRun:
@@ -114,67 +102,21 @@ def effect_intent_after(
     def then(answer: Answer) -> Ask | None:
         if not answer.verdict.handled:
             return None
-        step = answer.state.steps[-1]
-        effect_id = derived_id("eff", step.idempotency_key)
+        fenced_by = lease.epoch if epoch is None else epoch
         return Ask(
-            RUN,
-            RecordEffectIntent(
-                **_header(lease.run_id, derived_id("cmd", effect_id, "intent"), now_ms),
-                attempt_id=lease.attempt_id,
-                lease_epoch=lease.epoch if epoch is None else epoch,
-                effect_id=effect_id,
-                idempotency_key=step.idempotency_key,
-                tool=step.gateway_tool,
-                operation=step.operation,
-            ),
+            RUN, effect_intent(lease.run_id, lease.attempt_id, fenced_by, answer.state.steps[-1], now_ms)
         )
 
     return then
 
 
-def outcome_and_commit(lease: Lease, step: Any, now_ms: int) -> tuple[Ask, Callable[[Answer], Ask | None]]:
-    """The effect's outcome on the Run and the step's commit on the Trajectory, one unit: the
-    (trivial, not made) effect committed, with what the simulated cache.warm answers."""
-    effect_id = derived_id("eff", step.idempotency_key)
-    outcome = RecordEffectOutcome(
-        **_header(lease.run_id, derived_id("cmd", effect_id, "outcome"), now_ms),
-        attempt_id=lease.attempt_id,
-        lease_epoch=lease.epoch,
-        effect_id=effect_id,
-        outcome="committed",
-    )
-    commit = RecordStepOutcome(
-        **_header(lease.run_id, derived_id("cmd", step.idempotency_key, "committed"), now_ms),
-        step_index=step.index,
-        dispatch=step.dispatch,
-        lease_epoch=lease.epoch,
-        outcome="committed",
-        output=json.dumps({"cacheId": f"cache-{effect_id}"}),
-    )
+def step_done(lease: Lease, step: Any, now_ms: int) -> tuple[Ask, Callable[[Answer], Ask | None]]:
+    """The effect's outcome on the Run and then the step's commit on the Trajectory, one unit."""
+    outcome, commit = outcome_and_commit(lease.run_id, lease.attempt_id, lease.epoch, step, now_ms)
     return Ask(RUN, outcome), lambda _answer: Ask(TRAJECTORY, commit)
 
 
-class Owner:
-    """The Run and the Trajectory of every partition, on one log, in one group committer."""
-
-    def __init__(
-        self,
-        log: EventLog,
-        runs: KeyValueStore,
-        trajectories: KeyValueStore,
-        clock: Clock,
-        *,
-        max_batch: int = 500,
-    ) -> None:
-        self.runs = RunCommandProcessor(log, runs, CODEC, clock)
-        self.trajectories = TrajectoryProcessor(log, trajectories, CODEC, clock, load_catalog(CATALOG))
-        partitions = frozenset(range(4))
-        self.joint = JointUnit(log, [self.runs, self.trajectories], owned=partitions)
-        self.committer = GroupCommitter(
-            self.joint,
-            {
-                RUN: lambda command: as_inbound(command_record(CODEC, command)),
-                TRAJECTORY: lambda command: as_inbound(trajectory_command_record(CODEC, command)),
-            },
-            max_batch=max_batch,
-        )
+def owner_of(log: EventLog, runs: KeyValueStore, trajectories: KeyValueStore, clock: Clock) -> Owner:
+    """The owner prototype's Run and Trajectory of every partition, on `log` (counted), restored;
+    its committer not started."""
+    return Owner(CountingLog(log), runs, trajectories, set(range(4)), clock=clock, start=False)

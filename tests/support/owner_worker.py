@@ -27,12 +27,12 @@ from tests.support.owner_flow import (
     RUN,
     TRAJECTORY,
     Lease,
-    Owner,
     claim,
     effect_intent_after,
-    outcome_and_commit,
+    owner_of,
     propose,
     start,
+    step_done,
     submit,
 )
 
@@ -43,9 +43,7 @@ def main(argv: list[str]) -> int:
     bootstrap, state_dir, tag, runs, steps = argv[0], Path(argv[1]), argv[2], int(argv[3]), int(argv[4])
     clock = SystemClock()
     log = KafkaEventLog(bootstrap, f"tenure-test-owner-{tag}")  # one writer: it fences the last incarnation
-    owner = Owner(log, RocksStore(state_dir / "runs"), RocksStore(state_dir / "trajectories"), clock)
-    for processor in (owner.runs, owner.trajectories):
-        processor.restore_partitions(set(owner.joint.owned))
+    owner = owner_of(log, RocksStore(state_dir / "runs"), RocksStore(state_dir / "trajectories"), clock)
     owner.committer.start()
     progress = open(state_dir / "progress", "a", buffering=1)  # noqa: SIM115  (closed by the process's end)
     written = threading.Lock()
@@ -63,7 +61,7 @@ def main(argv: list[str]) -> int:
                 Ask(TRAJECTORY, propose(lease, f"s{step}", now)), effect_intent_after(lease, now)
             ).result(30)
             outcomes = [a.verdict.outcome for a in answers]
-            first, then = outcome_and_commit(lease, answers[0].state.steps[step], clock.now_ms())
+            first, then = step_done(lease, answers[0].state.steps[step], clock.now_ms())
             committed = owner.committer.submit(first, then).result(30)
             outcomes += [a.verdict.outcome for a in committed]
             assert all(o in (Verdict.ACCEPTED, Verdict.DUPLICATE) for o in outcomes), outcomes

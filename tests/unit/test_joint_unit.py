@@ -12,29 +12,29 @@ restore, and redelivery adds nothing.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
 import pytest
 
+from bench._owner_server import Owner
 from services.common.aggregate.changes import Verdict
 from services.common.aggregate.group_commit import Answer, Ask, NotOwned
 from services.common.aggregate.joint import JointUnit
 from services.common.clock import ManualClock
 from services.common.eventlog import MemoryEventLog
-from services.common.kafka import OutboundRecord
 from services.common.routing import partition_for_run
 from services.common.store import MemoryStore
 from services.common.topics import RUNS_EVENTS, TRAJECTORIES_EVENTS
+from tests.contract.test_aggregate_contract import KillableStore, Killed
 from tests.support.owner_flow import (
     CODEC,
     RUN,
     TRAJECTORY,
     Lease,
-    Owner,
     claim,
     effect_intent_after,
+    owner_of,
     propose,
     start,
     submit,
@@ -43,36 +43,9 @@ from tests.support.owner_flow import (
 T0 = 1_767_225_600_000
 
 
-class CountingLog(MemoryEventLog):
-    def __init__(self) -> None:
-        super().__init__()
-        self.commits: list[int] = []  # records per transaction
-
-    def commit(self, records: Sequence[OutboundRecord]) -> dict[tuple[str, int], int]:
-        written = super().commit(records)
-        self.commits.append(len(records))
-        return written
-
-
 class ClockAt(ManualClock):
     def __init__(self) -> None:
         super().__init__(T0)
-
-
-class Killed(Exception):
-    """The process died here: nothing after this point happened."""
-
-
-class KillableStore(MemoryStore):
-    def __init__(self) -> None:
-        super().__init__()
-        self.kill_on_next_write = False
-
-    def write(self, puts: Mapping[str, bytes], deletes: tuple[str, ...] = ()) -> None:
-        if self.kill_on_next_write:
-            self.kill_on_next_write = False
-            raise Killed("before this participant's store write")
-        super().write(puts, deletes)
 
 
 def answers(future: Future[tuple[Answer, ...]]) -> tuple[Answer, ...]:
@@ -122,13 +95,13 @@ def assert_each_store_is_the_fold(log: MemoryEventLog, owner: Owner) -> None:
 
 
 def test_a_step_and_the_effect_intent_it_leads_to_are_one_transaction_lease_3() -> None:
-    log = CountingLog()
-    owner = Owner(log, MemoryStore(), MemoryStore(), ClockAt())
+    log = MemoryEventLog()
+    owner = owner_of(log, MemoryStore(), MemoryStore(), ClockAt())
     lease = opened(owner, "one")
-    before = len(log.commits)
+    before = owner.log.transactions
     step, intent = decided(owner, Ask(TRAJECTORY, propose(lease, "s0", T0)), effect_intent_after(lease, T0))
     assert (step.verdict.outcome, intent.verdict.outcome) == (Verdict.ACCEPTED, Verdict.ACCEPTED)
-    assert len(log.commits) == before + 1, "the step's intent and the effect's intent: one transaction"
+    assert owner.log.transactions == before + 1, "the step's intent and the effect's intent: one transaction"
     assert type(events(log, TRAJECTORIES_EVENTS.name)[-1]).__name__ == "StepIntentRecorded"
     assert type(events(log, RUNS_EVENTS.name)[-1]).__name__ == "EffectIntentRecorded"
     assert intent.state.effects, "the answer carries the Run as the unit left it"
@@ -139,8 +112,8 @@ def test_the_fence_is_the_lease_the_run_holds_as_the_same_unit_leaves_it_lease_3
     """A proposal under an epoch the Run never granted: the Trajectory records the step (it
     takes a higher epoch for a takeover it has not heard of yet), and the Run, deciding the
     effect's intent in the same unit against its own lease, refuses it: no effect intent."""
-    log = CountingLog()
-    owner = Owner(log, MemoryStore(), MemoryStore(), ClockAt())
+    log = MemoryEventLog()
+    owner = owner_of(log, MemoryStore(), MemoryStore(), ClockAt())
     lease = opened(owner, "fenced")
     ahead = lease.epoch + 1
     step, intent = decided(
@@ -155,10 +128,10 @@ def test_the_fence_is_the_lease_the_run_holds_as_the_same_unit_leaves_it_lease_3
 
 
 def test_requests_waiting_together_share_one_transaction_each_with_its_own_answer() -> None:
-    log = CountingLog()
-    owner = Owner(log, MemoryStore(), MemoryStore(), ClockAt())
+    log = MemoryEventLog()
+    owner = owner_of(log, MemoryStore(), MemoryStore(), ClockAt())
     leases = [opened(owner, f"k{i}") for i in range(6)]
-    before = len(log.commits)
+    before = owner.log.transactions
     futures = [
         owner.committer.submit(Ask(TRAJECTORY, propose(lease, "s0", T0)), effect_intent_after(lease, T0))
         for lease in leases
@@ -168,7 +141,7 @@ def test_requests_waiting_together_share_one_transaction_each_with_its_own_answe
         results = [answers(f) for f in futures]
     finally:
         owner.committer.stop()
-    assert len(log.commits) == before + 1, "six requests, one unit, one transaction"
+    assert owner.log.transactions == before + 1, "six requests, one unit, one transaction"
     assert [r[0].state.run_id for r in results] == [lease.run_id for lease in leases]
     assert all(r[1].verdict.outcome == Verdict.ACCEPTED for r in results)
     # Each lease was opened by three requests of a unit each; then one unit of six requests.
@@ -176,7 +149,7 @@ def test_requests_waiting_together_share_one_transaction_each_with_its_own_answe
 
 
 def test_a_malformed_or_unowned_command_fails_its_own_request_only() -> None:
-    owner = Owner(CountingLog(), MemoryStore(), MemoryStore(), ClockAt())
+    owner = owner_of(MemoryEventLog(), MemoryStore(), MemoryStore(), ClockAt())
     lease = opened(owner, "ok")
     malformed = owner.committer.submit(Ask(RUN, claim("not-a-run", T0)))
     unknown = owner.committer.submit(Ask("nobody", claim(lease.run_id, T0)))
@@ -195,7 +168,7 @@ def test_a_malformed_or_unowned_command_fails_its_own_request_only() -> None:
 def test_a_command_of_a_partition_the_unit_did_not_restore_is_not_decided_here() -> None:
     """An owner restores its assignment before each unit; a command of another partition (one a
     `then` made, say) belongs to another owner and fails its request with NotOwned."""
-    owner = Owner(CountingLog(), MemoryStore(), MemoryStore(), ClockAt())
+    owner = owner_of(MemoryEventLog(), MemoryStore(), MemoryStore(), ClockAt())
     owner.joint.owned = frozenset({0})
     tenants = [submit("k", T0, tenant=f"tenant-{i}") for i in range(200)]
     here = next(c for c in tenants if partition_for_run(c.run_id) == 0)
@@ -214,9 +187,9 @@ def test_a_command_of_a_partition_the_unit_did_not_restore_is_not_decided_here()
 def test_a_failed_commit_changes_no_store_and_every_request_learns_of_it_then_the_retry_decides_once() -> (
     None
 ):
-    log = CountingLog()
+    log = MemoryEventLog()
     runs, trajectories = MemoryStore(), MemoryStore()
-    owner = Owner(log, runs, trajectories, ClockAt())
+    owner = owner_of(log, runs, trajectories, ClockAt())
     lease = opened(owner, "retry")
     stores_before = (dict(runs.scan("")), dict(trajectories.scan("")))
     log.fail_next_commit = True
@@ -239,16 +212,14 @@ def test_a_crash_between_the_transaction_and_a_store_write_is_repaired_by_the_re
     """SIGKILL after the joint transaction, before one participant's store write (the Run's
     is first: the names' order): a new incarnation restores both from the log, and the
     redelivered request finds both decisions made."""
-    log = CountingLog()
+    log = MemoryEventLog()
     runs, trajectories = KillableStore(), KillableStore()
-    owner = Owner(log, runs, trajectories, ClockAt())
+    owner = owner_of(log, runs, trajectories, ClockAt())
     lease = opened(owner, "crash")
     (runs if dies_before == "run" else trajectories).kill_on_next_write = True
     with contextlib.suppress(Killed):
         decided(owner, Ask(TRAJECTORY, propose(lease, "s0", T0)), effect_intent_after(lease, T0))
-    survivor = Owner(log, runs, trajectories, ClockAt())
-    for processor in (survivor.runs, survivor.trajectories):
-        processor.restore_partitions(set(range(4)))
+    survivor = owner_of(log, runs, trajectories, ClockAt())  # restored from the log
     assert_each_store_is_the_fold(log, survivor)
     redelivered = decided(survivor, Ask(TRAJECTORY, propose(lease, "s0", T0)), effect_intent_after(lease, T0))
     assert [a.verdict.outcome for a in redelivered] == [Verdict.DUPLICATE, Verdict.DUPLICATE]
@@ -256,9 +227,9 @@ def test_a_crash_between_the_transaction_and_a_store_write_is_repaired_by_the_re
 
 
 def test_participants_must_share_one_log_and_own_distinct_topics() -> None:
-    owner = Owner(MemoryEventLog(), MemoryStore(), MemoryStore(), ClockAt())
+    owner = owner_of(MemoryEventLog(), MemoryStore(), MemoryStore(), ClockAt())
     with pytest.raises(ValueError, match="does not write through"):
         JointUnit(MemoryEventLog(), [owner.runs, owner.trajectories])
-    twin = Owner(owner.runs.event_log, MemoryStore(), MemoryStore(), ClockAt())
+    twin = owner_of(owner.runs.event_log, MemoryStore(), MemoryStore(), ClockAt())
     with pytest.raises(ValueError, match="distinct definitions"):
         JointUnit(owner.runs.event_log, [owner.runs, twin.runs])
