@@ -25,7 +25,7 @@ import contextlib
 import queue
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -89,7 +89,8 @@ class GroupCommitter:
         self._thread: threading.Thread | None = None
         self.units = 0
         self.requests = 0
-        self.unit_ms: list[float] = []  # each unit: decide, the transaction, the store writes
+        # The latest units' times: decide, the transaction, the store writes (bounded: it runs for days).
+        self.unit_ms: deque[float] = deque(maxlen=10_000)
 
     def submit(self, first: Ask, *then: Then) -> Future[tuple[Answer, ...]]:
         """The answers of `first` and of what each `then` makes of the answer before it."""
@@ -98,11 +99,13 @@ class GroupCommitter:
         return future
 
     def start(self) -> None:
+        """Decide what is queued and what comes, on a thread of its own (again after a `stop`)."""
         self._thread = threading.Thread(target=self._run, name="group-commit", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Answer what is queued, then end the thread."""
+        """Answer what is queued, then end the thread. A request submitted after this waits for
+        the next `start` (a server stops taking requests before it stops its committer)."""
         self._queue.put(None)
         if self._thread is not None:
             self._thread.join(timeout)
@@ -123,11 +126,11 @@ class GroupCommitter:
                     stopping = True
                     break
                 waiting.append(more)
-            self.decide(waiting)
+            self._decide(waiting)
             if stopping:
                 return
 
-    def decide(self, requests: Sequence[_Request]) -> None:
+    def _decide(self, requests: Sequence[_Request]) -> None:
         """One unit for `requests`; each future gets its answers or the unit's error."""
         began = time.monotonic()
         live = [r for r in requests if r.future.set_running_or_notify_cancel()]
