@@ -135,7 +135,7 @@ class Owner:
                 RUN: lambda command: as_inbound(command_record(codec, command)),
                 TRAJECTORY: lambda command: as_inbound(trajectory_command_record(codec, command)),
             },
-            group=group,
+            max_batch=500 if group else 1,
         )
         if start:
             self.committer.start()
@@ -238,9 +238,10 @@ def outcome_and_commit(
     return outcome, commit
 
 
-def _state(answer: Answer, command: Any) -> Any:
+def _state(answer: Answer, command: str) -> Any:
+    """The state after a handled command; a 409 naming `command` (its type's name) otherwise."""
     if not answer.verdict.handled:
-        raise HTTPException(409, f"{type(command).__name__} {answer.verdict.outcome}")
+        raise HTTPException(409, f"{command} {answer.verdict.outcome}")
     return answer.state
 
 
@@ -249,7 +250,7 @@ def create_app(owners: Sharded, clock: SystemClock, *, separate: bool = False) -
 
     async def decided(aggregate: str, command: Any) -> Any:
         (answer,) = await owners.decide(Ask(aggregate, command))
-        return _state(answer, command)
+        return _state(answer, type(command).__name__)
 
     @app.post("/runs", status_code=201)
     async def submit(body: Submit) -> dict[str, Any]:
@@ -324,15 +325,15 @@ def create_app(owners: Sharded, clock: SystemClock, *, separate: bool = False) -
             answers = await owners.decide(Ask(TRAJECTORY, proposal), intent_of)
         if len(answers) < 2:
             raise HTTPException(409, f"ProposeStep {answers[0].verdict.outcome}")
-        step = _state(answers[0], proposal).steps[-1]
+        step = _state(answers[0], "ProposeStep").steps[-1]
         _state(answers[1], "RecordEffectIntent")
         outcome, commit = outcome_and_commit(run_id, body.attemptId, body.leaseEpoch, step, clock.now_ms())
         if separate:
             _, after = await asyncio.gather(decided(RUN, outcome), decided(TRAJECTORY, commit))
         else:
             done = await owners.decide(Ask(RUN, outcome), lambda _answer: Ask(TRAJECTORY, commit))
-            _state(done[0], outcome)
-            after = _state(done[-1], commit)
+            _state(done[0], "RecordEffectOutcome")
+            after = _state(done[-1], "RecordStepOutcome")
         return {"stepIndex": step.index, "status": after.steps[step.index].status.value}
 
     @app.post("/runs/{run_id}/trajectory/finish")

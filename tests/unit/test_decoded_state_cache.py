@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from services.common.aggregate import StateCodec
+from services.common.aggregate.decoded import DecodedStates
 from services.common.clock import ManualClock
 from services.common.eventlog import MemoryEventLog
 from services.common.store import MemoryStore
@@ -29,6 +30,9 @@ def _counting(processor: RunCommandProcessor) -> list[bytes]:
         return decode_state(raw)
 
     processor.definition.state_codec = StateCodec(encode_state, decode)  # type: ignore[misc]
+    processor.decoded = DecodedStates(
+        decode
+    )  # the processor's cache decodes with the codec it was built with
     return decoded
 
 

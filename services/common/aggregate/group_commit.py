@@ -78,13 +78,12 @@ class GroupCommitter:
         inbound: Mapping[str, Callable[[Any], InboundRecord]],
         *,
         max_batch: int = 500,
-        group: bool = True,
     ) -> None:
         if missing := set(joint.aggregates) - set(inbound):
             raise ValueError(f"no inbound record for {sorted(missing)}")
         self._joint = joint
         self._inbound = dict(inbound)
-        self._max_batch = max_batch if group else 1
+        self._max_batch = max_batch  # 1: every request a unit (and a transaction) of its own
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self.units = 0

@@ -33,6 +33,7 @@ unit restores from the log, which may hold the commit.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from typing import Any
@@ -115,6 +116,7 @@ class JointUnit:
                 partitions = partitions | self.owned
                 units = {name: p.open_unit(partitions) for name, p in self._participants.items()}
                 work(Deciding(self._participants, units, frozenset(partitions)))
+                committing_since = time.monotonic()
                 parts: dict[str, list[OutboundRecord]] = {
                     name: p.unit_records(units[name]) for name, p in self._participants.items()
                 }
@@ -122,7 +124,7 @@ class JointUnit:
                 with commit_span("joint", len(records)):
                     written = self._log.commit(records)
                 for name, processor in self._participants.items():
-                    committed = processor.unit_committed(units[name], parts[name], written)
+                    committed = processor.unit_committed(units[name], parts[name], written, committing_since)
                     outcomes[name], changed[name] = committed
             except BaseException:
                 for processor in self._participants.values():

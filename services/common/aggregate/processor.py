@@ -112,7 +112,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
         self._timer_floor: dict[int, int] = {}
         self._tick_indexed: dict[int, int] = {}
         self._lock = threading.Lock()
-        self.decoded: DecodedStates[S] = DecodedStates(lambda raw: definition.state_codec.decode(raw))
+        self.decoded: DecodedStates[S] = DecodedStates(definition.state_codec.decode)  # decoded.py
         self._kept: KeptDecisions[S, E] = KeptDecisions()  # keepalives.py
         self._markers = int(getattr(event_log, "markers_per_commit", 0))
         self._intake: Intake[S, C] = Intake(definition, codec, self.metrics.deadlettered)
@@ -251,10 +251,17 @@ class AggregateProcessor(Generic[S, C, E, X]):
         return self._to_write(unit.out, unit.events, unit.changes)
 
     def unit_committed(
-        self, unit: Unit[S, E], records: Sequence[OutboundRecord], written: Mapping[tuple[str, int], int]
+        self,
+        unit: Unit[S, E],
+        records: Sequence[OutboundRecord],
+        written: Mapping[tuple[str, int], int],
+        committing_since: float,
     ) -> tuple[BatchOutcome, list[S]]:
-        """Steps 3 (after the transaction committed `records`) and 4; the unit's counts and states."""
-        unit.outcome.published = self._committed(records, unit.events, unit.changes, written, unit.started)
+        """Steps 3 (the transaction that began at `committing_since` committed `records`) and 4;
+        the unit's counts and states."""
+        unit.outcome.published = self._committed(
+            records, unit.events, unit.changes, written, committing_since
+        )
         return self._closed(unit)
 
     def forget_restored(self) -> None:
