@@ -170,11 +170,16 @@ class Submit(BaseModel):
 class Claim(BaseModel):
     runnerId: str = Field(min_length=1, max_length=200)
     leaseSeconds: int = Field(ge=0, le=86_400)
+    openTrajectory: bool = False  # and open the trajectory under the lease granted, in the same unit
 
 
 class Lease(BaseModel):
     attemptId: str = Field(min_length=1, max_length=200)
     leaseEpoch: int = Field(ge=0, le=2**31 - 1)
+
+
+class Finish(Lease):
+    reportSucceeded: bool = False  # and report the attempt succeeded, in the same unit
 
 
 class Effect(Lease):
@@ -270,25 +275,59 @@ def create_app(owners: Sharded, clock: SystemClock, *, separate: bool = False) -
 
     @app.post("/runs/{run_id}/attempts", status_code=201)
     async def claim(run_id: str, body: Claim) -> dict[str, Any]:
+        """The claim; with `openTrajectory`, the trajectory opened under the lease it granted, in
+        the same unit (a runner opens one right after every claim)."""
         command_id = derived_id("cmd", run_id, "claim", body.runnerId)
-        state = await decided(
-            RUN,
-            ClaimRun(
-                **_header(run_id, command_id, clock, run_id),
-                runner_id=body.runnerId,
-                lease_seconds=body.leaseSeconds,
-            ),
+        claim = ClaimRun(
+            **_header(run_id, command_id, clock, run_id),
+            runner_id=body.runnerId,
+            lease_seconds=body.leaseSeconds,
         )
-        assert state.lease is not None
-        return {"attemptId": state.lease.attempt_id, "epoch": state.lease.epoch, "version": state.version}
+        if not body.openTrajectory:
+            state = await decided(RUN, claim)
+            assert state.lease is not None
+            return {"attemptId": state.lease.attempt_id, "epoch": state.lease.epoch, "version": state.version}
+
+        def opened(answer: Answer) -> Ask | None:
+            lease = answer.state.lease if answer.verdict.handled else None
+            return (
+                None
+                if lease is None
+                else Ask(TRAJECTORY, holder_command(StartTrajectory, run_id, lease.attempt_id, lease.epoch))
+            )
+
+        answers = await owners.decide(Ask(RUN, claim), opened)
+        state = _state(answers[0], "ClaimRun")
+        if len(answers) < 2:
+            raise HTTPException(409, "ClaimRun granted no lease")
+        trajectory = _state(answers[1], "StartTrajectory")
+        return {
+            "attemptId": state.lease.attempt_id,
+            "epoch": state.lease.epoch,
+            "version": state.version,
+            "trajectory": {"status": trajectory.status.value, "version": trajectory.version},
+        }
+
+    def holder_command(
+        kind: type[StartTrajectory | FinishTrajectory], run_id: str, attempt_id: str, epoch: int
+    ) -> StartTrajectory | FinishTrajectory:
+        """A trajectory command that carries nothing but the holder's lease."""
+        header = _header(run_id, derived_id("cmd", attempt_id, kind.__name__), clock, attempt_id)
+        return kind(**header, attempt_id=attempt_id, lease_epoch=epoch)
 
     async def holder_decided(kind: type[StartTrajectory | FinishTrajectory], run_id: str, body: Lease) -> Any:
-        """A trajectory command that carries nothing but the holder's lease."""
-        header = _header(run_id, derived_id("cmd", body.attemptId, kind.__name__), clock, body.attemptId)
-        state = await decided(
-            TRAJECTORY, kind(**header, attempt_id=body.attemptId, lease_epoch=body.leaseEpoch)
-        )
+        state = await decided(TRAJECTORY, holder_command(kind, run_id, body.attemptId, body.leaseEpoch))
         return {"status": state.status.value, "version": state.version}
+
+    def succeeded(run_id: str, body: Lease) -> ReportAttempt:
+        return ReportAttempt(
+            **_header(run_id, derived_id("cmd", body.attemptId, "report"), clock, body.attemptId),
+            attempt_id=body.attemptId,
+            lease_epoch=body.leaseEpoch,
+            sequence=1,
+            outcome="succeeded",
+            manifest_verified=True,
+        )
 
     @app.post("/runs/{run_id}/trajectory", status_code=201)
     async def open_trajectory(run_id: str, body: Lease) -> dict[str, Any]:
@@ -337,24 +376,30 @@ def create_app(owners: Sharded, clock: SystemClock, *, separate: bool = False) -
         return {"stepIndex": step.index, "status": after.steps[step.index].status.value}
 
     @app.post("/runs/{run_id}/trajectory/finish")
-    async def finish(run_id: str, body: Lease) -> dict[str, Any]:
-        answer: dict[str, Any] = await holder_decided(FinishTrajectory, run_id, body)
-        return answer
+    async def finish(run_id: str, body: Finish) -> dict[str, Any]:
+        """The trajectory finished; with `reportSucceeded`, the attempt reported succeeded on the
+        Run in the same unit (a runner reports right after it finishes)."""
+        if not body.reportSucceeded:
+            answer: dict[str, Any] = await holder_decided(FinishTrajectory, run_id, body)
+            return answer
+        finished = holder_command(FinishTrajectory, run_id, body.attemptId, body.leaseEpoch)
+        answers = await owners.decide(
+            Ask(TRAJECTORY, finished),
+            lambda answer: Ask(RUN, succeeded(run_id, body)) if answer.verdict.handled else None,
+        )
+        trajectory = _state(answers[0], "FinishTrajectory")
+        if len(answers) < 2:
+            raise HTTPException(409, "FinishTrajectory not handled")
+        run = _state(answers[1], "ReportAttempt")
+        return {
+            "status": trajectory.status.value,
+            "version": trajectory.version,
+            "run": {"status": run.status.value, "version": run.version},
+        }
 
     @app.post("/runs/{run_id}/report")
     async def report(run_id: str, body: Lease) -> dict[str, Any]:
-        command_id = derived_id("cmd", body.attemptId, "report")
-        state = await decided(
-            RUN,
-            ReportAttempt(
-                **_header(run_id, command_id, clock, body.attemptId),
-                attempt_id=body.attemptId,
-                lease_epoch=body.leaseEpoch,
-                sequence=1,
-                outcome="succeeded",
-                manifest_verified=True,
-            ),
-        )
+        state = await decided(RUN, succeeded(run_id, body))
         return {"status": state.status.value, "version": state.version}
 
     @app.get("/stats")

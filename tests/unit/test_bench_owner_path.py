@@ -22,11 +22,13 @@ from bench.owner_path import OwnerRun, report, tenants_over_partitions
 from services.common.clock import SystemClock
 from services.common.eventlog import MemoryEventLog
 from services.common.ids import run_id_for
+from services.common.messages import MessageCodec
 from services.common.routing import partition_for_run
 from services.common.store import MemoryStore
 from services.common.topics import RUNS_COMMANDS
 
 CLOCK = SystemClock()
+CODEC = MessageCodec()
 
 
 def _owner() -> Owner:
@@ -69,6 +71,48 @@ def test_the_benchmark_workflow_goes_through_both_aggregates(separate: bool, req
     assert stats["transactions"] == stats["batches"]
     assert stats["commands"] == requests
     assert stats["batches"] in ((requests - 1, requests) if separate else (requests,))
+
+
+def test_the_combined_calls_make_the_same_workflow_in_two_units_fewer() -> None:
+    """The claim that opens the trajectory and the finish that reports the attempt: each one
+    request and one unit of two commands, with the same events as the separate calls."""
+    owner = _owner()
+    try:
+        with TestClient(create_app(Sharded.single(owner), CLOCK)) as client:
+            run_id = client.post("/runs", json={"key": "combined"}).json()["runId"]
+            claim = {"runnerId": "r", "leaseSeconds": 600, "openTrajectory": True}
+            grant = client.post(f"/runs/{run_id}/attempts", json=claim).json()
+            assert grant["trajectory"] == {"status": "forward", "version": 1}
+            lease = {"attemptId": grant["attemptId"], "leaseEpoch": grant["epoch"]}
+            step = {**lease, "tool": "cache.warm", "params": {"name": "s"}}
+            assert client.post(f"/runs/{run_id}/trajectory/steps", json=step).json()["status"] == "committed"
+            finish = {**lease, "reportSucceeded": True}
+            finished = client.post(f"/runs/{run_id}/trajectory/finish", json=finish).json()
+            assert (finished["status"], finished["run"]["status"]) == ("completed", "succeeded")
+            # A claim of a run that is not there opens nothing: the first command's 409.
+            nobody = run_id_for("bench-owner", "nobody")
+            assert client.post(f"/runs/{nobody}/attempts", json=claim).status_code == 409
+            stats = client.get("/stats").json()
+    finally:
+        owner.committer.stop()
+    # submit, claim + open, the step (two units), finish + report, the refused claim.
+    assert (stats["batches"], stats["commands"]) == (6, 6)
+    trajectory_events = [type(e).__name__ for e in _events(owner, "trajectory")]
+    assert trajectory_events[0] == "TrajectoryStarted" and trajectory_events[-1] == "TrajectoryCompleted"
+    assert type(_events(owner, "run")[-1]).__name__ == "AttemptReported"
+
+
+def _events(owner: Owner, aggregate: str) -> list[Any]:
+    processor = owner.runs if aggregate == "run" else owner.trajectories
+    log = owner.log._inner  # the counted in-memory log
+    assert isinstance(log, MemoryEventLog)
+    topic = processor.definition.events_topic
+    return [
+        CODEC.decode(r.value)
+        for (name, _), records in sorted(log.topics.items())
+        if name == topic
+        for r in records
+    ]
 
 
 def test_a_refused_claim_is_answered_409_and_the_owner_goes_on() -> None:
