@@ -120,11 +120,12 @@ class Owner:
         *,
         clock: Clock | None = None,
         group: bool = True,
+        changelog_every_ms: int = 0,
         start: bool = True,
     ) -> None:
         codec, clock = MessageCodec(), clock or SystemClock()
         self.log = log
-        self.runs = RunCommandProcessor(log, runs, codec, clock)
+        self.runs = RunCommandProcessor(log, runs, codec, clock, changelog_every_ms=changelog_every_ms)
         self.trajectories = TrajectoryProcessor(log, trajectories, codec, clock, load_catalog(CATALOG))
         for processor in (self.runs, self.trajectories):
             processor.restore_partitions(partitions)
@@ -250,6 +251,14 @@ def _state(answer: Answer, command: str) -> Any:
     return answer.state
 
 
+def _both(answers: tuple[Answer, ...], first: str, then: str) -> tuple[Any, Any]:
+    """The states after a request of two commands; a 409 naming the one that was not handled."""
+    state = _state(answers[0], first)
+    if len(answers) < 2:
+        raise HTTPException(409, f"{first} led to no {then}")
+    return state, _state(answers[1], then)
+
+
 def create_app(owners: Sharded, clock: SystemClock, *, separate: bool = False) -> FastAPI:
     app = FastAPI()
 
@@ -296,11 +305,7 @@ def create_app(owners: Sharded, clock: SystemClock, *, separate: bool = False) -
                 else Ask(TRAJECTORY, holder_command(StartTrajectory, run_id, lease.attempt_id, lease.epoch))
             )
 
-        answers = await owners.decide(Ask(RUN, claim), opened)
-        state = _state(answers[0], "ClaimRun")
-        if len(answers) < 2:
-            raise HTTPException(409, "ClaimRun granted no lease")
-        trajectory = _state(answers[1], "StartTrajectory")
+        state, trajectory = _both(await owners.decide(Ask(RUN, claim), opened), "ClaimRun", "StartTrajectory")
         return {
             "attemptId": state.lease.attempt_id,
             "epoch": state.lease.epoch,
@@ -387,10 +392,7 @@ def create_app(owners: Sharded, clock: SystemClock, *, separate: bool = False) -
             Ask(TRAJECTORY, finished),
             lambda answer: Ask(RUN, succeeded(run_id, body)) if answer.verdict.handled else None,
         )
-        trajectory = _state(answers[0], "FinishTrajectory")
-        if len(answers) < 2:
-            raise HTTPException(409, "FinishTrajectory not handled")
-        run = _state(answers[1], "ReportAttempt")
+        trajectory, run = _both(answers, "FinishTrajectory", "ReportAttempt")
         return {
             "status": trajectory.status.value,
             "version": trajectory.version,
@@ -440,6 +442,7 @@ def main() -> None:
             RocksStore(state_dir / f"trajectories-{index}"),
             partitions,
             group="--no-group" not in options,
+            changelog_every_ms=1000 if "--changelog-every-second" in options else 0,
         )
         by_partition.update({partition: owner for partition in partitions})
     if "--no-changelog" in options:

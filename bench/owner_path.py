@@ -68,13 +68,14 @@ CASES: dict[str, tuple[str, ...]] = {
     "joint units": (),
     "combined calls": (),
     "no changelog": ("--no-changelog",),
+    "changelog every second": ("--changelog-every-second",),
     "separate units": ("--separate",),
     "one transaction per command": ("--separate", "--no-group"),
 }
 # Joint units, with a runner's two calls that always follow each other made as one: the claim
 # opens the trajectory, the finish reports the attempt succeeded (5 requests for a 1-step
 # workflow instead of 7, 13 for a 5-step one instead of 15).
-COMBINED = {"combined calls", "no changelog"}
+COMBINED = {"combined calls", "no changelog", "changelog every second"}
 
 
 @dataclass(frozen=True)

@@ -137,6 +137,11 @@ class TenureSettings(KafkaSettings):
     # 256 KiB, not 64: each part pays a transaction's wait, and with 64 KiB parts a backlog of
     # batch renewals at 100,000 live leases could not drain (docs/architecture.md).
     batch_max_bytes: int = Field(default=262_144, ge=1_024, le=16 * 1024 * 1024)
+    # The Run's state changelog written by a unit at most this often per partition instead of in
+    # every transaction: one partition fewer per transaction, and a restore from the changelog
+    # folds the events of up to this long (services/common/aggregate/changelog_lag.py). 0: every
+    # unit writes it.
+    changelog_every_ms: int = Field(default=0, ge=0, le=600_000)
     gc_young_interval_ms: float = Field(
         default=100.0,
         ge=0,

@@ -40,6 +40,7 @@ def build(parts: ProcessParts) -> RunCommandProcessor:
         lease_policy(parts.settings),
         blocks.blocked,
         ProcessorMetrics("run", parts.registry),
+        changelog_every_ms=parts.settings.changelog_every_ms,
     )
 
 

@@ -243,6 +243,8 @@ class RunCommandProcessor(AggregateProcessor[RunState, RunCommand, RunEvent, Adm
         policy: LeasePolicy = DEFAULT_POLICY,
         blocked: Callable[[], frozenset[str]] = frozenset,
         metrics: ProcessorMetrics | None = None,
+        *,
+        changelog_every_ms: int = 0,
     ) -> None:
         super().__init__(
             RunDefinition(policy, blocked),
@@ -251,5 +253,6 @@ class RunCommandProcessor(AggregateProcessor[RunState, RunCommand, RunEvent, Adm
             codec,
             clock,
             metrics=metrics or ProcessorMetrics("run"),
+            changelog_every_ms=changelog_every_ms,  # services/common/aggregate/changelog_lag.py
         )
         LeaseMetrics(self.metrics)  # counts what each committed transaction holds

@@ -78,6 +78,10 @@ class Changes(Generic[S, E]):
     published: list[OutboundRecord] = field(default_factory=list)
     # aggregateId -> its state's bytes, when already encoded for the changelog (encoded once)
     encoded: dict[str, bytes] = field(default_factory=dict)
+    # The partitions whose states the unit's changelog records carry, and those it defers with
+    # their events checkpoint before the unit (changelog_lag.py); None: no changelog records.
+    changelog: tuple[set[int], dict[int, int]] | None = None
+    dropped: list[str] = field(default_factory=list)  # store keys the unit's write deletes
     # Keepalives (keepalives.py): aggregateId -> its newest kept event; the aggregates whose kept
     # event this unit put on the events topic; the state each one's index entries were made from.
     kept: dict[str, Kept[S, E]] = field(default_factory=dict)

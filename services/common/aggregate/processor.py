@@ -49,6 +49,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Generic, TypeVar
 
+from services.common.aggregate.changelog_lag import ChangelogLag
 from services.common.aggregate.changes import BatchOutcome, Changes, Decided, Unit, Verdict
 from services.common.aggregate.decoded import DecodedStates
 from services.common.aggregate.definition import AggregateDefinition, Refused, Transition
@@ -91,6 +92,8 @@ class AggregateProcessor(Generic[S, C, E, X]):
         *,
         metrics: ProcessorMetrics | None = None,
         on_changed: Callable[[Sequence[S]], None] | None = None,
+        changelog_every_ms: int = 0,
+        changelog_max_states: int = 10_000,
     ) -> None:
         self.definition = definition
         self.metrics = metrics or ProcessorMetrics(definition.name)
@@ -114,6 +117,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
         self._lock = threading.Lock()
         self.decoded: DecodedStates[S] = DecodedStates(definition.state_codec.decode)  # decoded.py
         self._kept: KeptDecisions[S, E] = KeptDecisions()  # keepalives.py
+        self._lag = ChangelogLag(definition, store, clock, changelog_every_ms, changelog_max_states)
         self._markers = int(getattr(event_log, "markers_per_commit", 0))
         self._intake: Intake[S, C] = Intake(definition, codec, self.metrics.deadlettered)
         # aggregateId -> the version whose timer work failed. Read once, then kept in step with
@@ -133,6 +137,8 @@ class AggregateProcessor(Generic[S, C, E, X]):
             begin=self._changes,
             persist=self._persist,
         )
+        if definition.changelog_topic is not None:
+            self._restorer.record_lag(self._lag.key)
 
     # --- assignment and restore (step 1) --------------------------------------------------------
 
@@ -140,9 +146,8 @@ class AggregateProcessor(Generic[S, C, E, X]):
         """Partitions were revoked: whoever owned them meanwhile may have written events."""
         with self._lock:
             self._assigned.clear()
-            self._restored.clear()
             self._timer_floor.clear()
-            self._kept.clear()
+            self.forget_restored()
 
     def restore_partitions(self, partitions: set[int]) -> dict[int, int]:
         with self._lock:
@@ -179,6 +184,8 @@ class AggregateProcessor(Generic[S, C, E, X]):
     def _restore(self, partition: int) -> int:
         self._kept.drop_partition(partition)
         restored = self._restorer.restore(partition)
+        if self.definition.changelog_topic is not None:
+            self._lag.restored(partition, self.checkpoint(partition), self._log)
         if self.definition.keepalive_topic is not None:
             self._restorer.restore_kept(partition, self.definition.keepalive_topic, self._kept)
         self._timer_floor.pop(partition, None)
@@ -268,6 +275,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
         """A unit failed, and its commit may have landed: restore from the log before the next."""
         self._restored.clear()
         self._kept.clear()
+        self._lag.clear()
 
     def _closed(self, unit: Unit[S, E]) -> tuple[BatchOutcome, list[S]]:
         self.metrics.batch(unit.outcome.by_outcome(), unit.outcome.events)
@@ -502,7 +510,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
     ) -> list[OutboundRecord]:
         d = self.definition
         if d.changelog_topic is not None and changes.after:
-            out = out + changelog_records(d, events, changes, self.checkpoint)
+            out = out + changelog_records(d, events, changes, self.checkpoint, self._lag)
         if d.keepalive_topic is not None and (changes.kept or changes.unkept):
             out = out + self._kept.marks(changes, d)
         return out
@@ -521,6 +529,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
             # A kept event is counted when it is kept, not again when it goes on the events topic.
             counted = self._kept.counted(changes, events)
             self._kept.committed(changes, written, d.keepalive_topic, self._layout, self._markers)
+        self._lag.committed(changes)  # what the changelog lags by now: recorded by the store write
         if out:
             self.metrics.transaction(time.monotonic() - started)
         self.metrics.committed(counted)  # the areas' meters count what was committed (services/*/metrics.py)
@@ -569,6 +578,7 @@ class AggregateProcessor(Generic[S, C, E, X]):
         puts.update(context_puts)
         deletes.extend(context_deletes)
         puts.update({key: str(offset).encode() for key, offset in changes.checkpoints.items()})
+        deletes.extend(changes.dropped)
         puts.update({layout.rejected_key(command_id): b"1" for command_id in changes.rejected})
         failures = changes.timer_failures
         puts.update({layout.timer_failed_key(i): str(v).encode() for i, v in failures.items()})

@@ -69,6 +69,8 @@ class PartitionRestorer(Generic[S, C, E, X]):
         self._checkpoint = checkpoint
         self._begin = begin
         self._persist = persist
+        # Where a changelog written less often than every unit records its lag (changelog_lag.py).
+        self._lag_key: Callable[[int], str] | None = None
 
     def restore(self, partition: int) -> int:
         """Fold the committed events and refusals of `partition` after the checkpoints.
@@ -93,6 +95,11 @@ class PartitionRestorer(Generic[S, C, E, X]):
         # + 1 instead would leave its commit marker to be fetched again on every restart.
         events_end = self._log.end_offset(d.events_topic, partition)
         rejections_end = self._log.end_offset(d.rejections_topic, partition)
+        # With the first event the fold applies (its state is stored with it), the changelog's
+        # lag goes down to where the fold began: the changelog may lack what is folded now
+        # (changelog_lag.py). Duplicates are events whose states it already holds.
+        lag_key = self._lag_key(partition) if self._lag_key is not None else None
+        lag_from = next_offset
         # The loop runs once per event of the log: its lookups are bound once (issue 16). The
         # working states stay in `changes.after`; each is encoded once per chunk, at `_persist`.
         event_types, decode, evolve = d.event_types, self.decode_logged, d.evolve
@@ -113,6 +120,11 @@ class PartitionRestorer(Generic[S, C, E, X]):
                 continue
             if folded is not None:
                 folded.add(aggregate_id)
+            if lag_key is not None:
+                stored = self._store.get(lag_key)
+                since = int(stored) if stored is not None and int(stored) >= 0 else lag_from
+                changes.checkpoints[lag_key] = min(since, lag_from)
+                lag_key = None
             after = evolve(state, event)
             changes.context.accept(partition, (Transition(state, event, after),))
             changes.settle(partition, aggregate_id, state, after)
@@ -138,6 +150,8 @@ class PartitionRestorer(Generic[S, C, E, X]):
             self._write_changelog_again(
                 partition, folded, changes.checkpoints[checkpoint(d.events_topic, partition)]
             )
+            if self._lag_key is not None:  # whole again: nothing lags
+                self._store.write({}, (self._lag_key(partition),))
         self.metrics.restored(represented + applied, time.monotonic() - started)
         if applied or changes.rejected:
             d.log.info(
@@ -149,6 +163,10 @@ class PartitionRestorer(Generic[S, C, E, X]):
                 next_offset,
             )
         return represented + applied
+
+    def record_lag(self, key: Callable[[int], str]) -> None:
+        """Keep the changelog's lag at `key(partition)` (changelog_lag.py) as folds are stored."""
+        self._lag_key = key
 
     def restore_kept(self, partition: int, topic: str, decisions: KeptDecisions[S, E]) -> None:
         """After the fold: the kept events still live, from the keepalive topic's low-water mark

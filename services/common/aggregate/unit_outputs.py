@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from services.common.aggregate import changelog
+from services.common.aggregate.changelog_lag import ChangelogLag
 from services.common.aggregate.changes import Changes
 from services.common.aggregate.definition import AggregateDefinition
 from services.common.kafka import OutboundRecord
@@ -25,17 +26,29 @@ def changelog_records(
     events: list[tuple[E, int]],
     changes: Changes[S, E],
     checkpoint: Callable[[int], int],
+    lag: ChangelogLag,
 ) -> list[OutboundRecord]:
     """The unit's states (encoded once: the store write reuses the bytes) and the events offset
-    the store had folded to before it, on each partition it writes events to."""
+    the store had folded to before it, on each partition it writes events to and flushes now
+    (changelog_lag.py); with them, the states of a lagging partition's aggregates changed since,
+    and its older checkpoint. `changes.changelog` records what was flushed and deferred."""
     assert definition.changelog_topic is not None
+    # One store read per partition the unit writes to, not per event.
+    before = {partition: checkpoint(partition) for partition in {p for _, p in events}}
+    flushing = lag.flushing(before)
+    changes.changelog = (flushing, {p: c for p, c in before.items() if p not in flushing})
     encode, encoded = definition.state_codec.encode, changes.encoded
     states = []
     for aggregate_id, state in changes.after.items():
-        raw = encoded[aggregate_id] = encode(state)
-        states.append((aggregate_id, changes.partition_of[aggregate_id], raw))
-    # One store read per partition the unit writes to, not per event.
-    folded_to = {partition: checkpoint(partition) for partition in {p for _, p in events}}
+        partition = changes.partition_of[aggregate_id]
+        if partition in flushing:
+            raw = encoded[aggregate_id] = encode(state)
+            states.append((aggregate_id, partition, raw))
+    folded_to = {}
+    for partition in flushing:
+        folded_to[partition] = lag.since.get(partition, before[partition])
+        waiting = lag.waiting_states(partition)
+        states += [(i, partition, raw) for i, raw in waiting if i not in changes.after]
     return changelog.unit_records(definition.changelog_topic, states, folded_to, definition.state_format)
 
 
