@@ -19,9 +19,10 @@ changelog's checkpoint has its aggregate's state in the changelog.** So:
   * A restore cannot trust memory. Before it stores any fold, it lowers the stored `since` to the
     events checkpoint it folds from (restore.py): a crash between a deferring unit's transaction
     and its store write left no `since`, and those events are folded now. After it, the
-    aggregates changed since `since` are the keys of the events from there to the end, read
-    again. Marking an aggregate whose state the changelog already holds is harmless; a lower
-    `since` than needed only makes a later restore fold more.
+    aggregates changed since `since` are those the fold changed, and, for a `since` from before
+    the restore, the keys of the events between it and the fold, read again. Marking an
+    aggregate whose state the changelog already holds is harmless; a lower `since` than needed
+    only makes a later restore fold more.
   * A restore that wrote the whole changelog again (restore.py) leaves the partition not lagging.
 
 The lag is bounded by what deferred units wrote: a restore from the changelog folds at most
@@ -101,21 +102,24 @@ class ChangelogLag:
             if partition in deferred:
                 self.changed[partition].add(aggregate_id)
 
-    def restored(self, partition: int, events_end: int, log: EventLog) -> None:
-        """After a restore of `partition` (which stored, with the first event it applied, the
-        events checkpoint it folded from: restore.py), up to the events checkpoint `events_end`:
-        the aggregates changed since the stored `since`, read again from the log. If no event
-        is there, nothing lags and the stored `since` goes."""
+    def restored(self, partition: int, folded_from: int, folded: set[str], log: EventLog) -> None:
+        """After a restore of `partition` that folded from the events checkpoint `folded_from`
+        and changed the aggregates `folded` (it stored, with the first of them, `since` lowered
+        to `folded_from`: restore.py). A `since` below `folded_from` is a lag from before the
+        restore: the aggregates changed then are read again from the log, up to `folded_from`.
+        If none changed, nothing lags and the stored `since` goes."""
         self.forget(partition)
         stored = self._store.get(self.key(partition))
         if stored is None:
             return
         since = int(stored)
-        changed = {
-            record.key.decode()
-            for record in log.read(self._definition.events_topic, partition, since)
-            if record.offset < events_end and record.key is not None
-        }
+        changed = set(folded)
+        if since < folded_from:
+            changed.update(
+                record.key.decode()
+                for record in log.read(self._definition.events_topic, partition, since)
+                if record.offset < folded_from and record.key is not None
+            )
         if not changed:
             self._store.write({}, (self.key(partition),))
             return

@@ -136,9 +136,8 @@ class AggregateProcessor(Generic[S, C, E, X]):
             checkpoint=self.checkpoint,
             begin=self._changes,
             persist=self._persist,
+            lag=self._lag if definition.changelog_topic is not None else None,
         )
-        if definition.changelog_topic is not None:
-            self._restorer.record_lag(self._lag.key)
 
     # --- assignment and restore (step 1) --------------------------------------------------------
 
@@ -184,8 +183,6 @@ class AggregateProcessor(Generic[S, C, E, X]):
     def _restore(self, partition: int) -> int:
         self._kept.drop_partition(partition)
         restored = self._restorer.restore(partition)
-        if self.definition.changelog_topic is not None:
-            self._lag.restored(partition, self.checkpoint(partition), self._log)
         if self.definition.keepalive_topic is not None:
             self._restorer.restore_kept(partition, self.definition.keepalive_topic, self._kept)
         self._timer_floor.pop(partition, None)

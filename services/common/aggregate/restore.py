@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from services.common.aggregate import changelog
+from services.common.aggregate.changelog_lag import ChangelogLag
 from services.common.aggregate.changes import Changes
 from services.common.aggregate.definition import AggregateDefinition, Transition
 from services.common.aggregate.keepalives import KeptDecisions, end_key, low_water, read_kept, restore_from
@@ -58,6 +59,7 @@ class PartitionRestorer(Generic[S, C, E, X]):
         checkpoint: Callable[..., int],
         begin: Callable[[], Changes[S, E]],
         persist: Callable[[Changes[S, E]], None],
+        lag: ChangelogLag | None = None,
     ) -> None:
         self._definition = definition
         self._log = event_log
@@ -69,8 +71,8 @@ class PartitionRestorer(Generic[S, C, E, X]):
         self._checkpoint = checkpoint
         self._begin = begin
         self._persist = persist
-        # Where a changelog written less often than every unit records its lag (changelog_lag.py).
-        self._lag_key: Callable[[int], str] | None = None
+        # A changelog written less often than every unit: its lag (changelog_lag.py).
+        self._lag = lag
 
     def restore(self, partition: int) -> int:
         """Fold the committed events and refusals of `partition` after the checkpoints.
@@ -84,12 +86,13 @@ class PartitionRestorer(Generic[S, C, E, X]):
         next_offset = self._checkpoint(partition)
         # An empty store takes the changelog's states, then folds only the events after its
         # checkpoint (services/common/aggregate/changelog.py); a changelog it cannot trust is
-        # written again from the fold, and `folded` collects what to write.
-        seeded, represented = False, 0
-        folded: set[str] | None = None
+        # written again from the fold. `folded` collects the aggregates the fold changes: what
+        # to write again, or what the changelog may lack (changelog_lag.py).
+        seeded, represented, reseed = False, 0, False
         if next_offset == 0 and d.changelog_topic is not None:
             seeded, next_offset, represented = self._seed(partition)
-            folded = None if seeded else set()
+            reseed = not seeded
+        folded: set[str] | None = set() if reseed or self._lag is not None else None
         # Where the log ends before reading: everything below it is read (records) or skipped
         # (transaction markers), so the checkpoint may move there. Resuming at the last record
         # + 1 instead would leave its commit marker to be fetched again on every restart.
@@ -98,7 +101,7 @@ class PartitionRestorer(Generic[S, C, E, X]):
         # With the first event the fold applies (its state is stored with it), the changelog's
         # lag goes down to where the fold began: the changelog may lack what is folded now
         # (changelog_lag.py). Duplicates are events whose states it already holds.
-        lag_key = self._lag_key(partition) if self._lag_key is not None else None
+        lag_key = self._lag.key(partition) if self._lag is not None else None
         lag_from = next_offset
         # The loop runs once per event of the log: its lookups are bound once (issue 16). The
         # working states stay in `changes.after`; each is encoded once per chunk, at `_persist`.
@@ -146,12 +149,15 @@ class PartitionRestorer(Generic[S, C, E, X]):
         changes.checkpoints[checkpoint(d.events_topic, partition)] = max(next_offset, events_end)
         changes.checkpoints[checkpoint(d.rejections_topic, partition)] = max(next_rejection, rejections_end)
         self._persist(changes)
-        if folded:
+        if reseed and folded:
             self._write_changelog_again(
                 partition, folded, changes.checkpoints[checkpoint(d.events_topic, partition)]
             )
-            if self._lag_key is not None:  # whole again: nothing lags
-                self._store.write({}, (self._lag_key(partition),))
+            if self._lag is not None:  # whole again: nothing lags
+                self._store.write({}, (self._lag.key(partition),))
+                self._lag.forget(partition)
+        elif self._lag is not None:
+            self._lag.restored(partition, lag_from, folded or set(), self._log)
         self.metrics.restored(represented + applied, time.monotonic() - started)
         if applied or changes.rejected:
             d.log.info(
@@ -163,10 +169,6 @@ class PartitionRestorer(Generic[S, C, E, X]):
                 next_offset,
             )
         return represented + applied
-
-    def record_lag(self, key: Callable[[int], str]) -> None:
-        """Keep the changelog's lag at `key(partition)` (changelog_lag.py) as folds are stored."""
-        self._lag_key = key
 
     def restore_kept(self, partition: int, topic: str, decisions: KeptDecisions[S, E]) -> None:
         """After the fold: the kept events still live, from the keepalive topic's low-water mark
