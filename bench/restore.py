@@ -60,7 +60,7 @@ from services.common.eventlog import KafkaEventLog
 from services.common.kafka import OutboundRecord, PartitionReader, TransactionalWriter, create_topics
 from services.common.messages import MessageCodec
 from services.common.store import RocksStore
-from services.common.topics import RUNS_EVENTS, RUNS_REJECTIONS, RUNS_STATES
+from services.common.topics import RUNS_EVENTS, RUNS_REJECTIONS, RUNS_RENEWALS, RUNS_STATES
 from services.lease_coordinator.domain import RunState, evolve
 from services.lease_coordinator.processor import RunCommandProcessor
 from services.lease_coordinator.state_codec import STATE_FORMAT, decode_state, encode_state
@@ -279,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
 
         broker = start_broker(port=None, data_dir=workdir / "kafka" / "data", state_dir=workdir / "kafka")
         bootstrap = broker.bootstrap_servers
-        create_topics(bootstrap, [RUNS_EVENTS, RUNS_REJECTIONS, RUNS_STATES])
+        # runs.renewals too: the Run restores its kept renewals after the fold (keepalives.py).
+        create_topics(bootstrap, [RUNS_EVENTS, RUNS_REJECTIONS, RUNS_STATES, RUNS_RENEWALS])
         started = time.perf_counter()
         counts = produce(bootstrap, events, args.per_transaction, tag)
         say(

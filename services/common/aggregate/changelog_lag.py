@@ -57,6 +57,7 @@ class ChangelogLag:
         self._definition = definition
         self._store = store
         self._clock = clock
+        self._pseudo_topic = f"{definition.changelog_topic}.lag"  # where `since` is stored
         self.every_ms = every_ms
         self.max_states = max_states
         self.since: dict[int, int] = {}  # partition -> the events checkpoint of its first deferred unit
@@ -64,8 +65,7 @@ class ChangelogLag:
         self.changed: dict[int, set[str]] = {}  # partition -> aggregates changed since `since`
 
     def key(self, partition: int) -> str:
-        assert self._definition.changelog_topic is not None
-        return self._definition.layout.checkpoint_key(f"{self._definition.changelog_topic}.lag", partition)
+        return self._definition.layout.checkpoint_key(self._pseudo_topic, partition)
 
     def flushing(self, partitions: Iterable[int]) -> set[int]:
         """Of the partitions a unit writes events to, those whose states it writes now."""
